@@ -1,0 +1,12 @@
+"""compatgrad: the gradients a Keras model's own training step would apply, on every TF version.
+
+    from compatgrad import get_gradients
+    grads = get_gradients(model, x, y, model.trainable_weights, sample_weight=None, learning_phase=0)
+
+Importing compatgrad imports no framework; TensorFlow / Keras are imported when a model is used.
+"""
+from . import errors
+from .api import get_gradients
+
+__version__ = "0.1.0"
+__all__ = ["get_gradients", "errors", "__version__"]

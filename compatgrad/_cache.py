@@ -1,0 +1,18 @@
+"""Per-model caches of built gradient functions, dropped with the model and rebuilt on recompile."""
+import weakref
+from typing import Any, Callable, Dict, Hashable, Sequence, Tuple
+
+_MODELS: "weakref.WeakKeyDictionary[Any, Dict[Hashable, Tuple[Tuple[Any, ...], Any]]]" = weakref.WeakKeyDictionary()
+
+
+def cached(model: Any, key: Hashable, state: Sequence[Any], build: Callable[[], Any]) -> Any:
+    """``build()`` once per (model, key); again when any object in ``state`` is replaced (a recompile).
+
+    Built functions must hold the model only weakly, or the model would never be freed.
+    """
+    entries = _MODELS.setdefault(model, {})
+    entry = entries.get(key)
+    if entry is None or len(entry[0]) != len(state) or any(a is not b for a, b in zip(entry[0], state)):
+        entry = (tuple(state), build())
+        entries[key] = entry
+    return entry[1]

@@ -1,0 +1,39 @@
+"""The one table of where Keras internals live.
+
+Paths are relative to the package root that defines the model's class (see ``detect``):
+``tensorflow.python.keras`` (TF 1.x-2.5), ``keras`` (standalone Keras 2.2/2.3 and tf.keras 2.6-2.12),
+``keras.src`` (tf.keras 2.13-2.15 and Keras 3), ``tf_keras.src`` / ``tf_keras`` (tf_keras >= 2.16).
+Candidates are tried in order; the first that imports wins.
+"""
+import importlib
+import inspect
+from types import ModuleType
+from typing import Callable, Dict, Tuple
+
+MODULES: Dict[str, Tuple[str, ...]] = {
+    "backend": ("backend",),
+    # Keras 2 eager: the data adapter train_on_batch feeds the train step through.
+    "data_adapter": ("engine.data_adapter",),
+}
+
+
+def load(root: str, name: str) -> ModuleType:
+    errors = []
+    for relative in MODULES[name]:
+        try:
+            return importlib.import_module(root + "." + relative)
+        except ImportError as error:
+            errors.append(str(error))
+    raise ImportError("no {} module under {}: {}".format(name, root, "; ".join(errors)))
+
+
+def relaxed_function(fn: Callable) -> Callable:
+    """``tf.function`` that retraces at most once more when only the batch size changes.
+
+    The keyword was ``experimental_relax_shapes`` until TF 2.8 and is ``reduce_retracing`` since 2.9.
+    """
+    import tensorflow as tf
+
+    parameters = inspect.signature(tf.function).parameters
+    keyword = "reduce_retracing" if "reduce_retracing" in parameters else "experimental_relax_shapes"
+    return tf.function(fn, **{keyword: True})

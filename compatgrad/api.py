@@ -1,0 +1,71 @@
+"""The front door: validate the arguments, pick the backend from the model itself, run it."""
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from . import inputs
+from .detect import Flavour, flavour_of
+from .errors import ModeError, UnsupportedModelError
+
+
+def get_gradients(
+    model: Any,
+    x: Any,
+    y: Any = None,
+    params: Optional[Sequence[Any]] = None,
+    sample_weight: Any = None,
+    learning_phase: int = 0,
+    *,
+    class_weight: Optional[Dict[Any, float]] = None,
+    clip: bool = True,
+    unconnected: str = "raise",
+) -> List[np.ndarray]:
+    """The gradients the model's own training step would apply for this batch, as numpy arrays.
+
+    ``params`` defaults to ``model.trainable_weights``; the result has one array per param, in order.
+    ``learning_phase`` 1 runs Dropout / BatchNormalization as in training. The result is unscaled
+    (mixed precision), aggregated across replicas and clipped by the optimizer's clipnorm /
+    clipvalue / global_clipnorm as that version clips; ``clip=False`` returns it before clipping.
+    ``unconnected='zero'`` returns zeros for params the loss does not depend on instead of raising.
+    """
+    flavour = flavour_of(model)
+    inputs.check_compiled(model)
+    training = inputs.check_learning_phase(learning_phase)
+    unconnected = inputs.check_unconnected(unconnected)
+    params = inputs.check_params(model, params)
+    batch = inputs.check_batch(model, x, y, sample_weight)
+    backend = _backend(model, flavour)
+    return backend.gradients(model, flavour, batch, params, training, bool(clip), unconnected, class_weight)
+
+
+def _backend(model: Any, flavour: Flavour) -> Any:
+    tf = sys.modules["tensorflow"]
+    eager = tf.executing_eagerly()
+    if flavour.graph and not eager:
+        from .backends import graph
+
+        return graph
+    if flavour.graph:
+        if flavour.name == "keras":
+            raise UnsupportedModelError("model: standalone Keras is supported in graph mode (TF 1.x) only")
+        if hasattr(model, "train_step"):  # a training_v1 model: built while eager execution was disabled
+            raise ModeError(
+                "model: built in graph mode, but eager execution is on now; build and use the model in one mode"
+            )
+        raise UnsupportedModelError(
+            "model: this Keras has no train_step (TF < 2.2), so only its graph mode can be matched; "
+            "call tf.compat.v1.disable_eager_execution() before building the model"
+        )
+    if not eager:
+        if getattr(tf.compat.v1, "executing_eagerly_outside_functions", lambda: False)():
+            raise ModeError("get_gradients returns numpy arrays, so it cannot run inside a tf.function")
+        raise ModeError(
+            "model: built in eager mode, but eager execution is disabled now; call "
+            "tf.compat.v1.disable_eager_execution() before building the model to use graph mode"
+        )
+    if flavour.name == "keras3":
+        raise UnsupportedModelError("model: Keras 3 models are not supported yet")
+    from .backends import keras2
+
+    return keras2

@@ -1,0 +1,96 @@
+"""Graph backend: ``K.function`` over the gradients of ``model.total_loss``, run in the model's session.
+
+For standalone Keras 2.2/2.3, tf.keras on TF 1.x, and tf.keras / tf_keras v1 models built after
+``tf.compat.v1.disable_eager_execution()``. Inputs go through the model's own
+``_standardize_user_data`` (so class weights, dict inputs and sample weights mean what they
+mean to ``train_on_batch``), and the function is fed exactly the model's feed lists.
+"""
+import weakref
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .. import _paths
+from .._cache import cached
+from ..detect import Flavour
+from ..errors import InvalidArgumentError, ModeError
+from ..inputs import Batch
+from ._keras2_optimizer import Keras2Optimizer
+
+
+def gradients(
+    model: Any,
+    flavour: Flavour,
+    batch: Batch,
+    params: Sequence[Any],
+    training: bool,
+    clip: bool,
+    unconnected: str,
+    class_weight: Optional[Dict[Any, float]],
+) -> List[np.ndarray]:
+    if not hasattr(model.optimizer, "get_updates"):
+        raise ModeError(
+            "model.optimizer: graph mode trains through get_updates, which only the legacy optimizers have; "
+            "compile with tf.keras.optimizers.legacy.{0} (got {1}.{0})".format(type(model.optimizer).__name__, type(model.optimizer).__module__)
+        )
+    K = _paths.load(flavour.root, "backend")
+    xs, ys, sample_weights = _standardize(model, batch, class_weight)
+    weighted = any(w is not None for w in sample_weights or [])
+    if weighted and hasattr(model, "_training_endpoints"):
+        _add_sample_weight_feeds(model, sample_weights)
+
+    feeds = list(model._feed_inputs) + list(model._feed_targets)
+    values = list(xs) + list(ys)
+    if weighted:
+        feeds += model._feed_sample_weights
+        values += list(sample_weights)
+    # Standalone Keras feeds the learning phase it builds with; tf.keras the symbolic one.
+    phase = K.learning_phase() if flavour.name == "keras" else K.symbolic_learning_phase()
+    if not isinstance(phase, int):
+        feeds.append(phase)
+        values.append(training)
+    if len(feeds) != len(values):  # a positional mismatch would feed arrays into the wrong placeholders
+        raise ModeError("model: {} feeds but {} values after standardization; please report this model".format(len(feeds), len(values)))
+
+    key = ("graph", tuple(id(p) for p in params), clip, unconnected, tuple(id(f) for f in feeds))
+    state = (model.total_loss, model.optimizer)
+    function = cached(model, key, state, lambda: _build(weakref.ref(model), K, params, feeds, clip, unconnected))
+    return [np.asarray(g) for g in function(values)]
+
+
+def _build(model_ref: "weakref.ref", K: Any, params: Sequence[Any], feeds: List[Any], clip: bool, unconnected: str) -> Any:
+    model = model_ref()
+    with model.total_loss.graph.as_default():
+        steps = Keras2Optimizer(model.optimizer)
+        scaled_loss = steps.scale(model.total_loss)
+        grads = steps.gradients(scaled_loss, params, model.trainable_weights, K.gradients, clip, unconnected)
+        return K.function(feeds, grads)
+
+
+def _standardize(model: Any, batch: Batch, class_weight: Optional[Dict[Any, float]]) -> tuple:
+    """The model's own input standardization; it resets sample-weight modes, so put them back on failure."""
+    endpoints = getattr(model, "_training_endpoints", [])
+    modes = [e.sample_weight_mode for e in endpoints]
+    try:
+        xs, ys, sample_weights = model._standardize_user_data(
+            batch.x, batch.y, sample_weight=batch.sample_weight, class_weight=class_weight
+        )
+    except ValueError as error:
+        raise InvalidArgumentError("x, y, sample_weight", "data this model accepts", str(error)) from error
+    finally:
+        for endpoint, mode in zip(endpoints, modes):
+            endpoint.sample_weight_mode = mode
+    return xs, ys, sample_weights
+
+
+def _add_sample_weight_feeds(model: Any, sample_weights: List[Any]) -> None:
+    """Give the loss sample-weight placeholders, as ``train_on_batch`` does on its first weighted batch.
+
+    The model keeps them afterwards (unweighted calls leave them at their default of 1). Its
+    train and test functions were built without them and would be fed out of place, so they are
+    dropped for Keras to rebuild, exactly as Keras does when it recompiles the loss itself.
+    """
+    model._update_sample_weight_modes(sample_weights=sample_weights)
+    if model._recompile_weights_loss_and_weighted_metrics():
+        model.train_function = None
+        model.test_function = None

@@ -1,0 +1,56 @@
+"""Which Keras flavour a model is, told by its class's module and attributes, never by version strings."""
+import re
+import sys
+from typing import NamedTuple, Optional
+
+from .errors import UnsupportedModelError
+
+# Module of the Keras 2 engine's Model class: <root>.engine.training or <root>.engine.training_v1.
+_KERAS2 = re.compile(r"^(?P<root>.+)\.engine\.training(?P<v1>_v1)?$")
+# Module of Keras 3's Model class.
+_KERAS3 = re.compile(r"^(?P<root>.+)\.models\.model$")
+
+
+class Flavour(NamedTuple):
+    name: str  # "keras" (standalone Keras 2), "tf.keras", "tf_keras" or "keras3"
+    root: str  # the Keras package root the model's class comes from, for ``_paths.load``
+    graph: bool  # built by the TF1-style graph engine (total_loss, K.function)
+
+
+def flavour_of(model: object) -> Flavour:
+    for cls in type(model).__mro__:
+        module = getattr(cls, "__module__", "") or ""
+        match = _KERAS3.match(module)
+        if match and cls.__name__ == "Model":
+            return Flavour("keras3", match.group("root"), graph=False)
+        match = _KERAS2.match(module)
+        if match and cls.__name__ == "Model":
+            return _keras2_flavour(model, match.group("root"), bool(match.group("v1")))
+    raise UnsupportedModelError(
+        "model: expected a compiled Keras model (tf.keras, tf_keras, Keras 3 or standalone Keras 2), "
+        "got {}.{}".format(type(model).__module__, type(model).__name__)
+    )
+
+
+def _keras2_flavour(model: object, root: str, v1: bool) -> Flavour:
+    tf = sys.modules.get("tensorflow")
+    # Standalone Keras 2.2/2.3 layers are plain Python objects; every tf.keras layer is a tf.Module.
+    standalone = tf is None or not isinstance(model, tf.Module)
+    if standalone:
+        name = "keras"
+    elif root.startswith("tf_keras"):
+        name = "tf_keras"
+    else:
+        name = "tf.keras"
+    # Before TF 2.2 the Model class has no train_step: only its graph engine can be matched.
+    graph = v1 or standalone or not hasattr(model, "train_step")
+    return Flavour(name, root, graph)
+
+
+def keras3_backend(model: object) -> Optional[str]:
+    """The Keras 3 backend name ("tensorflow", "jax", "torch", ...) of the package a model comes from."""
+    root = flavour_of(model).root
+    package = sys.modules.get(root.split(".")[0])
+    config = getattr(package, "config", None)
+    backend = getattr(config, "backend", None)
+    return backend() if callable(backend) else None

@@ -1,0 +1,46 @@
+"""Exceptions raised by compatgrad.
+
+Every error subclasses ``CompatgradError`` and one of ``ValueError`` / ``TypeError``, so
+callers can catch either the compatgrad family or the builtin they already handle.
+"""
+from typing import Any
+
+
+class CompatgradError(Exception):
+    """Base class of every compatgrad error."""
+
+
+class InvalidArgumentError(CompatgradError, ValueError):
+    """An argument has the wrong value: the message names it, what was expected and what came."""
+
+    def __init__(self, argument: str, expected: str, got: Any):
+        self.argument = argument
+        self.expected = expected
+        self.got = got
+        super().__init__("{}: expected {}, got {}".format(argument, expected, got))
+
+
+class InvalidTypeError(CompatgradError, TypeError):
+    """An argument has the wrong type."""
+
+    def __init__(self, argument: str, expected: str, got: Any):
+        self.argument = argument
+        self.expected = expected
+        self.got = got
+        super().__init__("{}: expected {}, got {}".format(argument, expected, got))
+
+
+class NotCompiledError(CompatgradError, ValueError):
+    """The model has no optimizer or no loss: there is no training step to match."""
+
+
+class UnconnectedGradientError(InvalidArgumentError):
+    """The loss does not depend on some requested params (their gradient is None)."""
+
+
+class UnsupportedModelError(CompatgradError, TypeError):
+    """The object is not a model compatgrad knows, or its Keras / backend is not supported."""
+
+
+class ModeError(CompatgradError, ValueError):
+    """The model, its optimizer and the current execution mode (eager / graph) do not fit together."""

@@ -1,0 +1,146 @@
+"""Validation of what users pass to ``get_gradients``, the same for every backend.
+
+Everything here only reads the model: a bad argument raises before any backend touches it.
+"""
+from typing import Any, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .errors import InvalidArgumentError, InvalidTypeError, NotCompiledError
+
+Structure = Any  # an array-like, or a list / tuple / dict of them
+
+
+class Batch(NamedTuple):
+    x: Structure
+    y: Structure
+    # None, one array for every output, or a list in output order (entries may be None).
+    sample_weight: Optional[Structure]
+    size: int
+
+
+def check_compiled(model: Any) -> None:
+    if getattr(model, "optimizer", None) is None:
+        raise NotCompiledError("model: expected a compiled model, got one without an optimizer; call model.compile(optimizer, loss) first")
+    if not getattr(model, "loss", None) and not model.losses:
+        raise NotCompiledError("model: expected a model compiled with a loss (or with add_loss losses), got loss={!r}".format(getattr(model, "loss", None)))
+
+
+def check_learning_phase(learning_phase: Any) -> bool:
+    if learning_phase not in (0, 1) or not isinstance(learning_phase, (int, np.integer)):
+        raise InvalidArgumentError("learning_phase", "0 (inference) or 1 (training)", repr(learning_phase))
+    return bool(learning_phase)
+
+
+def output_names(model: Any) -> List[str]:
+    names = getattr(model, "output_names", None)
+    if names:
+        return list(names)
+    outputs = getattr(model, "outputs", None) or [None]
+    return ["output_{}".format(i + 1) for i in range(len(outputs))]
+
+
+def check_unconnected(unconnected: Any) -> str:
+    if unconnected not in ("raise", "zero"):
+        raise InvalidArgumentError("unconnected", "'raise' or 'zero'", repr(unconnected))
+    return unconnected
+
+
+def check_batch(model: Any, x: Structure, y: Structure, sample_weight: Optional[Structure]) -> Batch:
+    inputs = getattr(model, "inputs", None) or []
+    outputs = output_names(model)
+    _check_count("x", x, len(inputs), "model inputs")
+    _check_count("y", y, len(outputs), "model outputs")
+    if isinstance(y, dict):
+        unknown = sorted(set(y) - set(outputs))
+        if unknown:
+            raise InvalidArgumentError("y", "keys among the output names {}".format(outputs), "unknown keys {}".format(unknown))
+    sample_weight = _per_output(sample_weight, outputs)
+    sizes = {}
+    for argument, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        for path, leaf in _leaves(argument, value):
+            shape = _shape(path, leaf)
+            if not shape:
+                raise InvalidArgumentError(path, "an array with a batch dimension", "a scalar")
+            sizes.setdefault(path, shape[0])
+            if argument == "sample_weight" and len(shape) > 2:
+                raise InvalidArgumentError(path, "shape (batch,) or (batch, timesteps)", "shape {}".format(tuple(shape)))
+    if not sizes:
+        raise InvalidArgumentError("x", "at least one array", repr(x))
+    if len(set(sizes.values())) > 1:
+        raise InvalidArgumentError("x, y, sample_weight", "one batch size for every array", ", ".join("{} has {}".format(k, v) for k, v in sizes.items()))
+    return Batch(x, y, sample_weight, next(iter(sizes.values())))
+
+
+def check_params(model: Any, params: Optional[Sequence[Any]]) -> List[Any]:
+    if params is None:
+        params = model.trainable_weights
+        if not params:
+            raise InvalidArgumentError("params", "a model with trainable weights (is it built?)", "none")
+        return list(params)
+    if not isinstance(params, (list, tuple)):
+        raise InvalidTypeError("params", "a list of the model's variables", type(params).__name__)
+    owned = {id(v) for v in model.weights}
+    for index, param in enumerate(params):
+        if id(param) not in owned:
+            raise InvalidArgumentError("params[{}]".format(index), "a variable of this model", _name(param))
+    return list(params)
+
+
+def _check_count(argument: str, value: Structure, expected: int, what: str) -> None:
+    if isinstance(value, (list, tuple)) and expected and len(value) != expected:
+        raise InvalidArgumentError(argument, "{} arrays, one per {}".format(expected, what[:-1]), "{} arrays".format(len(value)))
+    if isinstance(value, dict) and expected and len(value) > expected:
+        raise InvalidArgumentError(argument, "at most {} entries, one per {}".format(expected, what[:-1]), "{} entries".format(len(value)))
+    if value is None or (expected > 1 and not isinstance(value, (list, tuple, dict))):
+        raise InvalidArgumentError(argument, "{} arrays (a list or a dict), one per {}".format(expected, what[:-1]) if expected > 1 else "an array", _describe(value))
+
+
+def _per_output(sample_weight: Optional[Structure], outputs: List[str]) -> Optional[Structure]:
+    """Sample weights as one array, or a list in output order: the forms every Keras accepts."""
+    if sample_weight is None:
+        return None
+    if isinstance(sample_weight, dict):
+        unknown = sorted(set(sample_weight) - set(outputs))
+        if unknown:
+            raise InvalidArgumentError("sample_weight", "keys among the output names {}".format(outputs), "unknown keys {}".format(unknown))
+        sample_weight = [sample_weight.get(name) for name in outputs]
+    if isinstance(sample_weight, (list, tuple)):
+        if len(sample_weight) != len(outputs):
+            raise InvalidArgumentError("sample_weight", "one entry per model output ({})".format(len(outputs)), "{} entries".format(len(sample_weight)))
+        if all(w is None for w in sample_weight):
+            return None
+        return sample_weight[0] if len(outputs) == 1 else list(sample_weight)
+    return sample_weight if len(outputs) == 1 else [sample_weight] * len(outputs)
+
+
+def _leaves(path: str, value: Structure):
+    if value is None:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves("{}[{!r}]".format(path, key), item)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _leaves("{}[{}]".format(path, index), item)
+    else:
+        yield path, value
+
+
+def _shape(path: str, leaf: Any) -> tuple:
+    shape = getattr(leaf, "shape", None)
+    if shape is None:
+        raise InvalidTypeError(path, "a numpy array or a tensor", type(leaf).__name__)
+    return tuple(shape)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    shape = getattr(value, "shape", None)
+    return "{} of shape {}".format(type(value).__name__, tuple(shape)) if shape is not None else type(value).__name__
+
+
+def _name(variable: Any) -> str:
+    return "{} ({})".format(getattr(variable, "name", repr(variable)), type(variable).__name__)
+

@@ -1,0 +1,22 @@
+import numpy as np
+import pytest
+
+import kit  # noqa: F401  (switches graph mode on before any model is built)
+
+
+def pytest_report_header(config):
+    return "compatgrad cell: TF {} / {} / {} mode".format(kit.tf.__version__, kit.FLAVOUR, kit.MODE)
+
+
+@pytest.fixture(autouse=True)
+def fresh_graph():
+    """Each test starts with fresh Keras names and seeds; graph mode keeps one session per test."""
+    kit.backend.clear_session()
+    np.random.seed(0)
+    kit.tf.random.set_seed(0) if hasattr(kit.tf.random, "set_seed") else kit.tf.compat.v1.set_random_seed(0)
+    yield
+
+
+@pytest.fixture
+def rng():
+    return np.random.RandomState(0)

@@ -1,0 +1,98 @@
+"""What the tests need to know about the Keras under test, and the independent oracles.
+
+The cell is chosen by environment variables, read before any model is built:
+COMPATGRAD_KERAS = tf.keras (default) | keras (standalone Keras 2.2/2.3) | tf_keras | keras3,
+COMPATGRAD_MODE = eager (default) | graph. TF 1.x is always graph mode.
+"""
+import importlib
+import os
+
+import numpy as np
+import tensorflow as tf
+
+FLAVOUR = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
+TF1 = not hasattr(tf, "function") or tf.__version__.startswith("1.")
+MODE = "graph" if TF1 else os.environ.get("COMPATGRAD_MODE", "eager")
+GRAPH = MODE == "graph"
+
+if GRAPH and not TF1:
+    tf.compat.v1.disable_eager_execution()
+
+keras = tf.keras if FLAVOUR == "tf.keras" else importlib.import_module(FLAVOUR)
+backend = keras.backend
+
+
+def _optimizer_classes():
+    """SGD classes that this cell's training step can use, by name."""
+    classes = {}
+    optimizers = keras.optimizers
+    legacy = getattr(optimizers, "legacy", None)
+    if not GRAPH:
+        classes["sgd"] = optimizers.SGD
+    if legacy is not None and hasattr(legacy, "SGD"):
+        classes["legacy_sgd"] = legacy.SGD
+    elif GRAPH:
+        classes["sgd"] = optimizers.SGD  # before the 2.11 split, SGD is the legacy optimizer
+    return classes
+
+
+OPTIMIZERS = _optimizer_classes()
+
+
+def sgd(name=None, **kwargs):
+    """SGD(learning_rate=1.0): then w0 - w1 is exactly the gradient the step applied."""
+    cls = OPTIMIZERS[name or next(iter(OPTIMIZERS))]
+    return cls(learning_rate=kwargs.pop("learning_rate", 1.0), **kwargs)
+
+
+def values(variables):
+    return [np.array(v) for v in backend.batch_get_value(list(variables))]
+
+
+def train_step_delta(model, x, y, sample_weight=None, class_weight=None):
+    """w0 - w1 for the model's trainable weights after one train_on_batch (with SGD(1.0): the gradient)."""
+    weights = list(model.trainable_weights)
+    before = values(weights)
+    model.train_on_batch(x, y, sample_weight=sample_weight, class_weight=class_weight)
+    return [b - a for b, a in zip(before, values(weights))]
+
+
+def reference_gradients(model, x, y, weights, training):
+    """Hand-written gradients of the compiled loss, without the optimizer (no clipping, no scaling)."""
+    if GRAPH:
+        xs = x if isinstance(x, list) else [x]
+        ys = y if isinstance(y, list) else [y]
+        ones = [np.ones(len(xs[0]), "float32") for _ in model._feed_sample_weights]
+        feeds = model._feed_inputs + model._feed_targets + model._feed_sample_weights + [backend.learning_phase()]
+        function = backend.function(feeds, backend.gradients(model.total_loss, list(weights)))
+        return function(xs + ys + ones + [training])
+    x, y = tf.nest.map_structure(tf.convert_to_tensor, (x, y))
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=bool(training))
+        if hasattr(model, "compute_loss"):
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred)
+        else:
+            loss = model.compiled_loss(y, y_pred, regularization_losses=model.losses)
+    return [np.array(g) for g in tape.gradient(loss, list(weights))]
+
+
+def max_difference(a, b):
+    assert len(a) == len(b), (len(a), len(b))
+    for left, right in zip(a, b):
+        assert np.shape(left) == np.shape(right), (np.shape(left), np.shape(right))
+    return max(float(np.max(np.abs(np.asarray(left, np.float64) - np.asarray(right, np.float64)))) for left, right in zip(a, b))
+
+
+def set_mixed_precision(name):
+    """Set the global dtype policy (None: the default); False where this Keras has no mixed precision API."""
+    mixed = getattr(keras, "mixed_precision", None)
+    if mixed is None or TF1:  # TF 1.x has only the "infer_float32_vars" policies
+        return False
+    if hasattr(mixed, "set_global_policy"):
+        mixed.set_global_policy(name)
+        return True
+    experimental = getattr(mixed, "experimental", None)
+    if experimental is not None and hasattr(experimental, "set_policy") and hasattr(tf, "function"):
+        experimental.set_policy(name)
+        return True
+    return False

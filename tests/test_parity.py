@@ -1,0 +1,233 @@
+"""Training parity: get_gradients equals w0 - w1 of one train_on_batch with SGD(learning_rate=1.0)."""
+import numpy as np
+import pytest
+
+import kit
+from compatgrad import get_gradients
+
+layers = kit.keras.layers
+TOL = 1e-5
+optimizer_names = pytest.mark.parametrize("opt", sorted(kit.OPTIMIZERS))
+
+
+def regression_model(opt="sgd", regularize=False, **optimizer_kwargs):
+    regularizer = kit.keras.regularizers.l2(0.05) if regularize else None
+    model = kit.keras.Sequential([
+        layers.Dense(8, activation="tanh", input_shape=(5,), kernel_regularizer=regularizer),
+        layers.Dense(1, kernel_regularizer=regularizer),
+    ])
+    model.compile(kit.sgd(opt if opt in kit.OPTIMIZERS else None, **optimizer_kwargs), "mse")
+    return model
+
+
+def assert_parity(model, x, y, sample_weight=None, class_weight=None, tol=TOL, **kwargs):
+    grads = get_gradients(model, x, y, model.trainable_weights, sample_weight, class_weight=class_weight, learning_phase=1, **kwargs)
+    oracle_weight = list(sample_weight.values()) if isinstance(sample_weight, dict) else sample_weight
+    delta = kit.train_step_delta(model, x, y, sample_weight=oracle_weight, class_weight=class_weight)
+    difference = kit.max_difference(grads, delta)
+    assert difference <= tol, difference
+    return grads
+
+
+@optimizer_names
+def test_dense_regression_mse(opt, rng):
+    x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
+    assert_parity(regression_model(opt), x, y)
+
+
+@optimizer_names
+def test_seed_call_positional(opt, rng):
+    """The legacy recipe's call, verbatim and positional, learning_phase defaulting to 0."""
+    x, y = rng.randn(16, 5).astype("float32"), rng.randn(16, 1).astype("float32")
+    model = regression_model(opt)
+    grads = get_gradients(model, x, y, model.trainable_weights)
+    assert [g.shape for g in grads] == [tuple(w.shape) for w in model.trainable_weights]
+    assert all(isinstance(g, np.ndarray) for g in grads)
+    assert kit.max_difference(grads, kit.train_step_delta(model, x, y)) <= TOL
+
+
+@optimizer_names
+def test_classifier_sparse_categorical(opt, rng):
+    x, y = rng.randn(32, 6).astype("float32"), rng.randint(0, 4, size=(32, 1))
+    model = kit.keras.Sequential([layers.Dense(16, activation="relu", input_shape=(6,)), layers.Dense(4, activation="softmax")])
+    model.compile(kit.sgd(opt), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    assert_parity(model, x, y)
+
+
+@optimizer_names
+def test_l2_regularizers(opt, rng):
+    x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
+    model = regression_model(opt, regularize=True)
+    plain = regression_model(opt)
+    plain.set_weights(model.get_weights())
+    assert kit.max_difference(get_gradients(model, x, y), get_gradients(plain, x, y)) > 1e-3
+    assert_parity(model, x, y)
+
+
+@optimizer_names
+def test_sample_weights(opt, rng):
+    x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
+    weights = rng.uniform(0, 3, size=32).astype("float32")
+    model = regression_model(opt)
+    weighted = get_gradients(model, x, y, sample_weight=weights)
+    unweighted = get_gradients(model, x, y)
+    assert kit.max_difference(weighted, unweighted) > 1e-3  # the weights matter
+    assert kit.max_difference(weighted, kit.train_step_delta(model, x, y, sample_weight=weights)) <= TOL
+
+
+@optimizer_names
+def test_sample_weights_after_an_unweighted_step(opt, rng):
+    """Graph mode: the model has no sample-weight feed yet and a built train function."""
+    x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
+    weights = rng.uniform(0, 3, size=32).astype("float32")
+    model = regression_model(opt)
+    model.train_on_batch(x, y)
+    assert_parity(model, x, y, sample_weight=weights)
+    assert_parity(model, x, y)  # and back to unweighted
+    assert_parity(model, x, y, sample_weight=weights)
+
+
+@optimizer_names
+def test_class_weights(opt, rng):
+    x, y = rng.randn(48, 6).astype("float32"), rng.randint(0, 3, size=(48, 1))
+    model = kit.keras.Sequential([layers.Dense(8, activation="relu", input_shape=(6,)), layers.Dense(3, activation="softmax")])
+    model.compile(kit.sgd(opt), "sparse_categorical_crossentropy")
+    class_weight = {0: 0.2, 1: 1.0, 2: 4.0}
+    plain = get_gradients(model, x, y)
+    grads = assert_parity(model, x, y, class_weight=class_weight)
+    assert kit.max_difference(grads, plain) > 1e-4
+
+
+def two_output_model(opt):
+    inputs = layers.Input(shape=(5,), name="features")
+    hidden = layers.Dense(6, activation="tanh", name="hidden")(inputs)
+    model = kit.keras.Model(inputs, [layers.Dense(1, name="a")(hidden), layers.Dense(3, activation="softmax", name="b")(hidden)])
+    model.compile(kit.sgd(opt), loss={"a": "mse", "b": "sparse_categorical_crossentropy"}, loss_weights={"a": 0.3, "b": 2.0})
+    return model
+
+
+@optimizer_names
+def test_two_outputs_with_loss_weights(opt, rng):
+    x = rng.randn(32, 5).astype("float32")
+    y = {"a": rng.randn(32, 1).astype("float32"), "b": rng.randint(0, 3, size=(32, 1))}
+    assert_parity(two_output_model(opt), x, y)
+
+
+@optimizer_names
+def test_two_outputs_per_output_sample_weights(opt, rng):
+    x = rng.randn(32, 5).astype("float32")
+    y = [rng.randn(32, 1).astype("float32"), rng.randint(0, 3, size=(32, 1))]
+    weights = {"a": rng.uniform(0, 2, size=32).astype("float32"), "b": rng.uniform(0, 2, size=32).astype("float32")}
+    model = two_output_model(opt)
+    as_list = get_gradients(model, x, y, sample_weight=[weights["a"], weights["b"]])
+    assert kit.max_difference(get_gradients(model, x, y, sample_weight=weights), as_list) == 0.0
+    assert kit.max_difference(get_gradients(model, x, y), as_list) > 1e-4
+    assert_parity(model, x, y, sample_weight=weights)
+
+
+CLIPPING = [("clipnorm", 0.05), ("clipvalue", 0.01), ("global_clipnorm", 0.05)]
+
+
+@optimizer_names
+@pytest.mark.parametrize("setting,value", CLIPPING, ids=[name for name, _ in CLIPPING])
+def test_clipping(opt, setting, value, rng):
+    x, y = rng.randn(32, 5).astype("float32"), 3 * rng.randn(32, 1).astype("float32")
+    try:
+        model = regression_model(opt, **{setting: value})
+    except (TypeError, ValueError) as error:  # the optimizer itself refuses the setting
+        pytest.skip("{} has no {}: {}".format(kit.OPTIMIZERS[opt].__module__, setting, error))
+    clipped = get_gradients(model, x, y)
+    unclipped = get_gradients(model, x, y, clip=False)
+    assert kit.max_difference(clipped, unclipped) > 1e-3
+    assert kit.max_difference(unclipped, kit.reference_gradients(model, x, y, model.trainable_weights, 0)) <= TOL
+    assert kit.max_difference(clipped, kit.train_step_delta(model, x, y)) <= TOL
+
+
+def batchnorm_model(opt):
+    model = kit.keras.Sequential([
+        layers.Dense(6, input_shape=(4,)),
+        layers.BatchNormalization(),
+        layers.Activation("tanh"),
+        layers.Dense(1),
+    ])
+    model.compile(kit.sgd(opt), "mse")
+    return model
+
+
+@optimizer_names
+def test_batchnorm_learning_phase(opt, rng):
+    x, y = rng.randn(32, 4).astype("float32"), rng.randn(32, 1).astype("float32")
+    model = batchnorm_model(opt)
+    moving = [w for w in model.weights if "moving" in w.name]
+    moving_before = kit.values(moving)
+    inference = get_gradients(model, x, y, learning_phase=0)
+    training = get_gradients(model, x, y, learning_phase=1)
+    assert kit.max_difference(inference, training) > 1e-4
+    assert kit.max_difference(kit.values(moving), moving_before) == 0.0  # moving statistics untouched
+    assert kit.max_difference(inference, kit.reference_gradients(model, x, y, model.trainable_weights, 0)) <= TOL
+    assert kit.max_difference(training, kit.train_step_delta(model, x, y)) <= TOL
+
+
+@pytest.fixture
+def mixed_float16():
+    if not kit.set_mixed_precision("mixed_float16"):
+        pytest.skip("this Keras has no mixed precision policy")
+    yield
+    kit.set_mixed_precision(None)  # back to the default, which follows floatx
+
+
+@optimizer_names
+def test_mixed_precision_loss_scaling(opt, mixed_float16, rng):
+    x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
+    model = kit.keras.Sequential([layers.Dense(8, activation="tanh", input_shape=(5,)), layers.Dense(1, dtype="float32")])
+    model.compile(kit.sgd(opt), "mse")
+    assert hasattr(model.optimizer, "get_scaled_loss"), "compile did not wrap the optimizer in a LossScaleOptimizer"
+    assert_parity(model, x, y, tol=1e-3)
+
+
+@optimizer_names
+def test_dict_inputs(opt, rng):
+    a, b = layers.Input(shape=(3,), name="a"), layers.Input(shape=(2,), name="b")
+    out = layers.Dense(1)(layers.Dense(4, activation="tanh")(layers.Concatenate()([a, b])))
+    model = kit.keras.Model([a, b], out)
+    model.compile(kit.sgd(opt), "mse")
+    x = {"a": rng.randn(16, 3).astype("float32"), "b": rng.randn(16, 2).astype("float32")}
+    assert_parity(model, x, rng.randn(16, 1).astype("float32"))
+
+
+def test_closed_form_linear_mse(rng):
+    x, y = rng.randn(20, 3).astype("float32"), rng.randn(20, 1).astype("float32")
+    model = kit.keras.Sequential([layers.Dense(1, input_shape=(3,))])
+    model.compile(kit.sgd(), "mse")
+    kernel, bias = model.get_weights()
+    residual = x.astype(np.float64) @ kernel + bias - y
+    expected = [2.0 / len(x) * x.T @ residual, 2.0 / len(x) * residual.sum(axis=0)]
+    assert kit.max_difference(get_gradients(model, x, y), expected) <= TOL
+
+
+def test_finite_differences_conv_net(rng):
+    kit.backend.set_floatx("float64")
+    try:
+        model = kit.keras.Sequential([
+            layers.Conv2D(3, 3, activation="tanh", input_shape=(6, 6, 2)),
+            layers.Flatten(),
+            layers.Dense(2),
+        ])
+        model.compile(kit.sgd(), "mse")
+        assert all(w.dtype == "float64" for w in model.weights)
+        x, y = rng.randn(4, 6, 6, 2), rng.randn(4, 2)
+        grads = get_gradients(model, x, y)
+        eps = 1e-6
+        for weight, grad in zip(model.trainable_weights, grads):
+            base = kit.values([weight])[0]
+            for index in [tuple(rng.randint(0, n) for n in base.shape) for _ in range(4)]:
+                losses = []
+                for sign in (1, -1):
+                    shifted = base.copy()
+                    shifted[index] += sign * eps
+                    kit.backend.set_value(weight, shifted)
+                    losses.append(np.mean((model.predict_on_batch(x) - y) ** 2))  # MSE, in float64
+                kit.backend.set_value(weight, base)
+                assert abs((losses[0] - losses[1]) / (2 * eps) - grad[index]) <= 1e-6
+    finally:
+        kit.backend.set_floatx("float32")

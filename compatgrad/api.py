@@ -6,7 +6,7 @@ import numpy as np
 
 from . import inputs
 from .detect import Flavour, flavour_of
-from .errors import ModeError, UnsupportedModelError
+from .errors import ModeError, UnconnectedGradientError, UnsupportedModelError
 
 
 def get_gradients(
@@ -36,7 +36,20 @@ def get_gradients(
     params = inputs.check_params(model, params)
     batch = inputs.check_batch(model, x, y, sample_weight)
     backend = _backend(model, flavour)
-    return backend.gradients(model, flavour, batch, params, training, bool(clip), unconnected, class_weight)
+    grads = backend.gradients(model, flavour, batch, params, training, bool(clip), class_weight)
+    missing = [p for p, g in zip(params, grads) if g is None]
+    if missing and unconnected == "raise":
+        raise UnconnectedGradientError(
+            "params",
+            "params the loss depends on (or unconnected='zero')",
+            "no gradient for {}".format(", ".join(getattr(p, "name", repr(p)) for p in missing)),
+        )
+    return [_zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+def _zeros_like(variable: Any) -> np.ndarray:
+    dtype = getattr(variable.dtype, "as_numpy_dtype", variable.dtype)
+    return np.zeros(tuple(variable.shape), dtype=dtype)
 
 
 def _backend(model: Any, flavour: Flavour) -> Any:

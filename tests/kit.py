@@ -5,6 +5,7 @@ COMPATGRAD_KERAS = tf.keras (default) | keras (standalone Keras 2.2/2.3) | tf_ke
 COMPATGRAD_MODE = eager (default) | graph. TF 1.x is always graph mode.
 """
 import importlib
+import inspect
 import os
 
 import numpy as np
@@ -96,3 +97,28 @@ def set_mixed_precision(name):
         experimental.set_policy(name)
         return True
     return False
+
+
+def optimizer_variables(optimizer):
+    variables = getattr(optimizer, "variables", None)
+    if callable(variables):  # OptimizerV2: a method
+        variables = variables()
+    return list(variables if variables is not None else optimizer.weights)
+
+
+def metric_variables(model):
+    return [v for metric in model.metrics for v in getattr(metric, "variables", metric.weights)]
+
+
+def graph_of(model):
+    return model.total_loss.graph
+
+
+# tf.function's shape relaxation: reduce_retracing (TF >= 2.9) generalizes on the first new shape,
+# experimental_relax_shapes (TF 2.2-2.8) on the second, so three traces there.
+MAX_TRACES_OVER_BATCH_SIZES = 2 if "reduce_retracing" in inspect.signature(tf.function).parameters else 3
+
+
+def tracing_count(function):
+    count = getattr(function, "experimental_get_tracing_count", None) or function._get_tracing_count
+    return count()

@@ -3,11 +3,9 @@
 Both engines end in ``optimizer.apply_gradients`` (graph: through ``get_updates``), so both get
 the same pipeline: scale -> gradient -> unscale -> aggregate -> clip.
 """
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
-
-from ..errors import UnconnectedGradientError
 
 Gradient = Callable[[Any, List[Any]], List[Any]]  # (loss, variables) -> gradients, None where unconnected
 
@@ -68,28 +66,20 @@ class Keras2Optimizer:
         trainable: Sequence[Any],
         gradient: Gradient,
         clip: bool,
-        unconnected: str,
-    ) -> List[Any]:
+    ) -> List[Optional[Any]]:
         """gradient -> unscale -> aggregate -> clip: what the training step hands to the update.
 
         ``scaled_loss`` is ``self.scale(loss)``, computed where ``gradient`` can see it (inside the
         tape). Clipping sees every trainable variable, since a global norm needs them all; params the
         optimizer does not update (non-trainable variables) come unscaled and aggregated but unclipped.
+        Params the loss does not depend on get None.
         """
         param_ids = [id(p) for p in params]
         wrt = list(params)
         if clip and self.clips:
             wrt += [v for v in trainable if id(v) not in param_ids]
 
-        grads = gradient(scaled_loss, wrt)
-        missing = [p for p, g in zip(params, grads) if g is None]
-        if missing and unconnected == "raise":
-            raise UnconnectedGradientError(
-                "params",
-                "params the loss depends on (or unconnected='zero')",
-                "no gradient for {}".format(", ".join(getattr(p, "name", repr(p)) for p in missing)),
-            )
-        grads = self.unscale(list(grads))
+        grads = self.unscale(list(gradient(scaled_loss, wrt)))
 
         present = [i for i, g in enumerate(grads) if g is not None]
         aggregated = self.aggregate([(grads[i], wrt[i]) for i in present]) if present else []
@@ -100,7 +90,7 @@ class Keras2Optimizer:
             updated = [i for i in present if id(wrt[i]) in trainable_ids]
             for i, g in zip(updated, self.clip([(grads[i], wrt[i]) for i in updated])):
                 grads[i] = g
-        return [tf.zeros_like(p) if g is None else tf.convert_to_tensor(g) for p, g in zip(params, grads[: len(params)])]
+        return [None if g is None else tf.convert_to_tensor(g) for g in grads[: len(params)]]
 
 def _standalone_keras_clip(optimizer: Any, grads: List[Any]) -> List[Any]:
     """As standalone Keras 2.2/2.3 ``Optimizer.get_gradients`` clips."""

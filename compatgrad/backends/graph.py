@@ -25,9 +25,8 @@ def gradients(
     params: Sequence[Any],
     training: bool,
     clip: bool,
-    unconnected: str,
     class_weight: Optional[Dict[Any, float]],
-) -> List[np.ndarray]:
+) -> List[Optional[np.ndarray]]:
     if not hasattr(model.optimizer, "get_updates"):
         raise ModeError(
             "model.optimizer: graph mode trains through get_updates, which only the legacy optimizers have; "
@@ -52,19 +51,22 @@ def gradients(
     if len(feeds) != len(values):  # a positional mismatch would feed arrays into the wrong placeholders
         raise ModeError("model: {} feeds but {} values after standardization; please report this model".format(len(feeds), len(values)))
 
-    key = ("graph", tuple(id(p) for p in params), clip, unconnected, tuple(id(f) for f in feeds))
+    key = ("graph", tuple(id(p) for p in params), clip, tuple(id(f) for f in feeds))
     state = (model.total_loss, model.optimizer)
-    function = cached(model, key, state, lambda: _build(weakref.ref(model), K, params, feeds, clip, unconnected))
-    return [np.asarray(g) for g in function(values)]
+    connected, function = cached(model, key, state, lambda: _build(weakref.ref(model), K, params, feeds, clip))
+    fetched = iter(function(values) if any(connected) else [])
+    return [np.asarray(next(fetched)) if is_connected else None for is_connected in connected]
 
 
-def _build(model_ref: "weakref.ref", K: Any, params: Sequence[Any], feeds: List[Any], clip: bool, unconnected: str) -> Any:
+def _build(model_ref: "weakref.ref", K: Any, params: Sequence[Any], feeds: List[Any], clip: bool) -> tuple:
+    """(which params the loss depends on, a K.function fetching their gradients)."""
     model = model_ref()
     with model.total_loss.graph.as_default():
         steps = Keras2Optimizer(model.optimizer)
         scaled_loss = steps.scale(model.total_loss)
-        grads = steps.gradients(scaled_loss, params, model.trainable_weights, K.gradients, clip, unconnected)
-        return K.function(feeds, grads)
+        grads = steps.gradients(scaled_loss, params, model.trainable_weights, K.gradients, clip)
+        connected = [g is not None for g in grads]
+        return connected, K.function(feeds, [g for g in grads if g is not None]) if any(connected) else None
 
 
 def _standardize(model: Any, batch: Batch, class_weight: Optional[Dict[Any, float]]) -> tuple:

@@ -25,9 +25,8 @@ def gradients(
     params: Sequence[Any],
     training: bool,
     clip: bool,
-    unconnected: str,
     class_weight: Optional[Dict[Any, float]],
-) -> List[np.ndarray]:
+) -> List[Optional[np.ndarray]]:
     adapter = _paths.load(flavour.root, "data_adapter")
     # As single_batch_iterator prepares the batch for train_on_batch, minus the tf.data round trip.
     x, y, sample_weight = adapter._process_tensorlike((batch.x, batch.y, batch.sample_weight))
@@ -39,14 +38,14 @@ def gradients(
             raise InvalidArgumentError("class_weight", "a dict {class index: weight} for a single-output model", str(error)) from error
 
     trainable = model.trainable_variables
-    key = ("keras2", tuple(id(p) for p in params), tuple(id(v) for v in trainable), training, clip, unconnected)
+    key = ("keras2", tuple(id(p) for p in params), tuple(id(v) for v in trainable), training, clip)
     state = (model.optimizer, model.compiled_loss)
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, params, training, clip, unconnected))
-    return [g.numpy() for g in step(x, y, sample_weight)]
+    step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, params, training, clip))
+    return [None if g is None else g.numpy() for g in step(x, y, sample_weight)]
 
 
-def _build(model_ref: "weakref.ref", adapter: Any, params: Sequence[Any], training: bool, clip: bool, unconnected: str) -> Any:
-    def step(x: Any, y: Any, sample_weight: Any) -> List[tf.Tensor]:
+def _build(model_ref: "weakref.ref", adapter: Any, params: Sequence[Any], training: bool, clip: bool) -> Any:
+    def step(x: Any, y: Any, sample_weight: Any) -> List[Optional[tf.Tensor]]:
         model = model_ref()
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
         if hasattr(adapter, "expand_1d"):  # train_step of TF 2.2-2.6 expands 1-D arrays
@@ -60,7 +59,7 @@ def _build(model_ref: "weakref.ref", adapter: Any, params: Sequence[Any], traini
             y_pred = model(x, training=training)
             loss = _loss(model, x, y, y_pred, sample_weight)
             scaled_loss = steps.scale(loss)
-        grads = steps.gradients(scaled_loss, params, model.trainable_variables, tape.gradient, clip, unconnected)
+        grads = steps.gradients(scaled_loss, params, model.trainable_variables, tape.gradient, clip)
         preserved.restore()
         return grads
 

@@ -1,0 +1,119 @@
+"""No side effects, caching (no graph growth, no retracing) and invalidation on recompile."""
+import numpy as np
+import pytest
+
+import kit
+from compatgrad import _cache, get_gradients
+from compatgrad.errors import UnconnectedGradientError
+
+layers = kit.keras.layers
+optimizer_names = pytest.mark.parametrize("opt", sorted(kit.OPTIMIZERS))
+
+
+def bn_model(opt, metrics=("mae",)):
+    model = kit.keras.Sequential([
+        layers.Dense(6, input_shape=(4,)),
+        layers.BatchNormalization(),
+        layers.Activation("tanh"),
+        layers.Dense(1),
+    ])
+    model.compile(kit.sgd(opt, learning_rate=0.1, momentum=0.9), "mse", metrics=list(metrics))
+    return model
+
+
+def state(model):
+    return (
+        kit.values(model.weights)
+        + kit.values(kit.optimizer_variables(model.optimizer))
+        + kit.values(kit.metric_variables(model))
+    )
+
+
+@optimizer_names
+def test_no_side_effects(opt, rng):
+    x, y = rng.randn(32, 4).astype("float32"), rng.randn(32, 1).astype("float32")
+    weights = rng.uniform(0, 2, size=32).astype("float32")
+    model, twin = bn_model(opt), bn_model(opt)
+    twin.set_weights(model.get_weights())
+    for m in (model, twin):  # optimizer slots and metric totals exist and are non-zero
+        m.train_on_batch(x, y, sample_weight=weights, reset_metrics=False)
+    before = state(model)
+    assert kit.max_difference(before, state(twin)) == 0.0
+    train_function = getattr(model, "train_function", None)
+
+    for phase in (0, 1):
+        get_gradients(model, x, y, learning_phase=phase)
+        get_gradients(model, x, y, sample_weight=weights, learning_phase=phase)
+    assert kit.max_difference(state(model), before) == 0.0
+    if not kit.GRAPH:
+        assert model.train_function is train_function
+
+    for m in (model, twin):
+        m.train_on_batch(x, y, sample_weight=weights, reset_metrics=False)
+        m.train_on_batch(x, y, reset_metrics=False)
+    assert kit.max_difference(state(model), state(twin)) == 0.0
+
+
+@pytest.mark.skipif(not kit.GRAPH, reason="graph mode only")
+def test_graph_does_not_grow_over_1000_calls(rng):
+    x, y = rng.randn(64, 4).astype("float32"), rng.randn(64, 1).astype("float32")
+    weights = rng.uniform(0, 2, size=64).astype("float32")
+    model = bn_model(None)
+    graph = kit.graph_of(model)
+    for sample_weight in (None, weights):
+        get_gradients(model, x, y, sample_weight=sample_weight)
+        graph = kit.graph_of(model)  # a weighted call recompiles the loss once
+        ops = len(graph.get_operations())
+        for _ in range(1000):
+            get_gradients(model, x, y, sample_weight=sample_weight)
+        assert len(graph.get_operations()) == ops
+    print("graph ops after the first call and after 1000 more: {} {}".format(ops, len(graph.get_operations())))
+
+
+@pytest.mark.skipif(kit.GRAPH, reason="eager mode only")
+def test_eager_step_is_traced_once_per_shape_family(rng):
+    model = bn_model(None)
+    data = {n: (rng.randn(n, 4).astype("float32"), rng.randn(n, 1).astype("float32")) for n in (128, 100, 64)}
+    for _ in range(5):
+        get_gradients(model, *data[128])
+    (step,) = [function for _, function in _cache._MODELS[model].values()]
+    assert kit.tracing_count(step) == 1
+    for n in (100, 64, 128):
+        get_gradients(model, *data[n])
+    traces = kit.tracing_count(step)
+    for n in (100, 64, 128):
+        get_gradients(model, *data[n])
+    assert traces <= kit.MAX_TRACES_OVER_BATCH_SIZES and kit.tracing_count(step) == traces
+    print("traces over batch sizes 128, 100, 64, 128: {}".format(traces))
+
+
+@optimizer_names
+def test_recompile_invalidates_the_cache(opt, rng):
+    x, y = rng.randn(32, 4).astype("float32"), rng.randn(32, 1).astype("float32")
+    model = bn_model(opt, metrics=())
+    mse = get_gradients(model, x, y, learning_phase=1)
+    model.compile(kit.sgd(opt), "mae")
+    mae = get_gradients(model, x, y, learning_phase=1)
+    assert kit.max_difference(mse, mae) > 1e-3
+    assert kit.max_difference(mae, kit.train_step_delta(model, x, y)) <= 1e-5
+
+
+def half_trained_model(opt):
+    inputs = layers.Input(shape=(3,))
+    model = kit.keras.Model(inputs, [layers.Dense(1, name="a")(inputs), layers.Dense(1, name="b")(inputs)])
+    model.compile(kit.sgd(opt), loss={"a": "mse"})
+    return model
+
+
+@optimizer_names
+def test_unconnected_params(opt, rng):
+    x, y = rng.randn(8, 3).astype("float32"), {"a": rng.randn(8, 1).astype("float32")}
+    model = half_trained_model(opt)
+    head_b = model.get_layer("b").trainable_weights
+    with pytest.raises(UnconnectedGradientError, match="b/kernel"):
+        get_gradients(model, x, y, head_b)
+    zeros = get_gradients(model, x, y, head_b, unconnected="zero")
+    assert [g.shape for g in zeros] == [tuple(w.shape) for w in head_b] and not any(g.any() for g in zeros)
+    if not kit.GRAPH:  # the eager step skips None gradients; graph mode's get_updates refuses them
+        grads = get_gradients(model, x, y, unconnected="zero")
+        assert kit.max_difference(grads, kit.train_step_delta(model, x, y)) <= 1e-5

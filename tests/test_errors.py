@@ -1,0 +1,131 @@
+"""Bad input: a compatgrad error naming the argument, expected vs got, and an untouched model."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import kit
+from compatgrad import get_gradients
+from compatgrad import errors
+
+layers = kit.keras.layers
+
+
+def compiled(n_inputs=1, n_outputs=1, optimizer=None):
+    inputs = [layers.Input(shape=(3,), name="in{}".format(i)) for i in range(n_inputs)]
+    merged = inputs[0] if n_inputs == 1 else layers.Concatenate()(inputs)
+    outputs = [layers.Dense(1, name="out{}".format(i))(merged) for i in range(n_outputs)]
+    model = kit.keras.Model(inputs if n_inputs > 1 else inputs[0], outputs if n_outputs > 1 else outputs[0])
+    model.compile(optimizer or kit.sgd(), "mse")
+    return model
+
+
+def snapshot(model):
+    return kit.values(model.weights), getattr(model, "train_function", None), getattr(model, "total_loss", None)
+
+
+def assert_untouched(model, before):
+    weights, train_function, total_loss = snapshot(model)
+    assert kit.max_difference(weights, before[0]) == 0.0
+    assert train_function is before[1] and total_loss is before[2]
+
+
+X, Y = np.ones((4, 3), "float32"), np.ones((4, 1), "float32")
+
+
+def raises(error, match, model, *args, **kwargs):
+    before = snapshot(model)
+    with pytest.raises(error, match=match) as caught:
+        get_gradients(model, *args, **kwargs)
+    assert isinstance(caught.value, errors.CompatgradError)
+    assert_untouched(model, before)
+    return caught.value
+
+
+def test_uncompiled_model():
+    model = kit.keras.Sequential([layers.Dense(1, input_shape=(3,))])
+    with pytest.raises(errors.NotCompiledError, match="compile"):
+        get_gradients(model, X, Y)
+
+
+def test_model_without_a_loss():
+    model = kit.keras.Sequential([layers.Dense(1, input_shape=(3,))])
+    try:
+        model.compile(kit.sgd())
+    except ValueError as error:
+        pytest.skip("this Keras refuses to compile without a loss: {}".format(error))
+    with pytest.raises(errors.NotCompiledError, match="loss"):
+        get_gradients(model, X, Y)
+
+
+def test_batch_sizes_disagree():
+    error = raises(errors.InvalidArgumentError, "batch size", compiled(), X, np.ones((5, 1), "float32"))
+    assert "x has 4" in str(error) and "y has 5" in str(error)
+
+
+def test_wrong_number_of_inputs_and_targets():
+    model = compiled(n_inputs=2, n_outputs=2)
+    raises(errors.InvalidArgumentError, r"^x: expected 2 arrays", model, X, [Y, Y])
+    raises(errors.InvalidArgumentError, r"^x: expected 2 arrays.*got 3", model, [X, X, X], [Y, Y])
+    raises(errors.InvalidArgumentError, r"^y: expected 2 arrays.*got 3", model, [X, X], [Y, Y, Y])
+    raises(errors.InvalidArgumentError, r"^y: expected keys among", model, [X, X], {"out0": Y, "nope": Y})
+
+
+def test_param_not_in_model():
+    model, other = compiled(), compiled()
+    error = raises(errors.InvalidArgumentError, r"^params\[1\]: expected a variable of this model", model, X, Y,
+                   [model.trainable_weights[0], other.trainable_weights[1]])
+    assert other.trainable_weights[1].name in str(error)
+    raises(errors.InvalidTypeError, "^params: expected a list", model, X, Y, model.trainable_weights[0])
+
+
+def test_sample_weight_of_the_wrong_shape():
+    model = compiled()
+    raises(errors.InvalidArgumentError, r"^sample_weight: expected shape \(batch,\)", model, X, Y, sample_weight=np.ones((4, 2, 2)))
+    raises(errors.InvalidArgumentError, "sample_weight has 3", model, X, Y, sample_weight=np.ones(3))
+    raises(errors.InvalidArgumentError, "^sample_weight: expected one entry per model output", model, X, Y, sample_weight=[np.ones(4)] * 2)
+
+
+@pytest.mark.parametrize("phase", [2, -1, "1", 0.5, None])
+def test_learning_phase_not_0_or_1(phase):
+    raises(errors.InvalidArgumentError, "^learning_phase: expected 0 .* or 1", compiled(), X, Y, learning_phase=phase)
+
+
+def test_unconnected_option_checked():
+    raises(errors.InvalidArgumentError, "^unconnected: expected 'raise' or 'zero'", compiled(), X, Y, unconnected="ignore")
+
+
+def test_unknown_model_type():
+    with pytest.raises(errors.UnsupportedModelError, match="expected a compiled Keras model"):
+        get_gradients(object(), X, Y)
+
+
+@pytest.mark.skipif(not (kit.GRAPH and hasattr(kit.keras.optimizers, "legacy") and kit.FLAVOUR != "keras"),
+                    reason="only where graph mode exists next to the new (2.11+) optimizers")
+def test_new_optimizer_in_graph_mode():
+    try:
+        model = compiled(optimizer=kit.keras.optimizers.SGD(learning_rate=1.0))
+    except (TypeError, ValueError, AttributeError) as error:
+        pytest.skip("this Keras refuses the new optimizer at compile time already: {}".format(error))
+    raises(errors.ModeError, "legacy", model, X, Y)
+
+
+@pytest.mark.skipif(kit.GRAPH, reason="needs a model built eagerly")
+def test_model_used_after_eager_was_disabled():
+    script = textwrap.dedent("""
+        import numpy as np, kit
+        from compatgrad import get_gradients, errors
+        model = kit.keras.Sequential([kit.keras.layers.Dense(1, input_shape=(3,))])
+        model.compile(kit.sgd(), "mse")
+        kit.tf.compat.v1.disable_eager_execution()
+        try:
+            get_gradients(model, np.ones((2, 3)), np.ones((2, 1)))
+        except errors.ModeError as error:
+            print("ModeError:", error)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__)] + sys.path))
+    result = subprocess.run([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    assert "ModeError: model: built in eager mode, but eager execution is disabled now" in result.stdout.decode(), result.stderr.decode()[-2000:]

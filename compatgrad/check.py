@@ -1,0 +1,134 @@
+"""``compatgrad check``: the parity contract on small embedded models, for every Keras importable here.
+
+Each case compares ``get_gradients`` with ``w0 - w1`` of one ``train_on_batch`` under
+``SGD(learning_rate=1.0)``. Eager cases run in this process; graph cases in a subprocess, since
+graph mode must be switched on before any model is built.
+"""
+import importlib
+import json
+import subprocess
+import sys
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+import numpy as np
+
+TOLERANCE = 1e-5
+
+
+class Row(NamedTuple):
+    flavour: str
+    mode: str
+    case: str
+    difference: Optional[float]  # None: not applicable
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.difference is None or self.difference <= TOLERANCE
+
+
+def flavours() -> Dict[str, Any]:
+    """The Keras flavours importable here, by the name ``detect`` gives them -> their Keras module."""
+    import tensorflow as tf
+
+    found: Dict[str, Any] = {}
+    for name in ("tf.keras", "tf_keras", "keras"):
+        try:
+            keras = tf.keras if name == "tf.keras" else importlib.import_module(name)
+            model_class = keras.Model
+        except Exception:  # absent, or an install that does not fit this TF: it raises anything
+            continue
+        if any(known.Model is model_class for known in found.values()):
+            continue  # keras 2.6-2.15 and Keras 3 on TF >= 2.16 are tf.keras itself
+        found["keras3" if model_class.__module__.endswith(".models.model") else name] = keras
+    return found
+
+
+def run_cases(flavour: str, mode: str) -> List[Row]:
+    from . import errors, get_gradients
+
+    keras = flavours()[flavour]
+    layers = keras.layers
+    legacy = getattr(keras.optimizers, "legacy", None) if mode == "graph" else None
+    sgd_class = getattr(legacy, "SGD", None) or keras.optimizers.SGD
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
+    labels = rng.randint(0, 3, size=(32, 1))
+    weights = rng.uniform(0, 2, size=32).astype("float32")
+
+    def mlp(loss: str = "mse", units: int = 1, regularizer: Any = None, batchnorm: bool = False, **optimizer: Any) -> Any:
+        stack = [layers.Dense(8, input_shape=(5,), kernel_regularizer=regularizer)]
+        stack += [layers.BatchNormalization()] if batchnorm else []
+        stack += [layers.Activation("tanh"), layers.Dense(units, activation="softmax" if units > 1 else None)]
+        model = keras.Sequential(stack)
+        model.compile(sgd_class(learning_rate=1.0, **optimizer), loss)
+        return model
+
+    cases: Dict[str, Callable[[], tuple]] = {
+        "dense mse": lambda: (mlp(), x, y, None),
+        "classifier": lambda: (mlp("sparse_categorical_crossentropy", units=3), x, labels, None),
+        "l2 regularizer": lambda: (mlp(regularizer=keras.regularizers.l2(0.05)), x, y, None),
+        "sample weights": lambda: (mlp(), x, y, weights),
+        "clipnorm": lambda: (mlp(clipnorm=0.05), x, 3 * y, None),
+        "batchnorm, learning_phase=1": lambda: (mlp(batchnorm=True), x, y, None),
+    }
+    rows = []
+    for case, build in cases.items():
+        try:
+            model, inputs, targets, sample_weight = build()
+            grads = get_gradients(model, inputs, targets, sample_weight=sample_weight, learning_phase=1)
+            before = [np.array(v) for v in keras.backend.batch_get_value(model.trainable_weights)]
+            model.train_on_batch(inputs, targets, sample_weight=sample_weight)
+            after = keras.backend.batch_get_value(model.trainable_weights)
+            difference = max(float(np.max(np.abs(b - a - g))) for b, a, g in zip(before, after, grads))
+            rows.append(Row(flavour, mode, case, difference))
+        except errors.CompatgradError as error:
+            rows.append(Row(flavour, mode, case, None, "n/a: {}".format(error)))
+    return rows
+
+
+def modes(flavour: str) -> Dict[str, str]:
+    """mode -> how to run it: "here" (this process) or "subprocess"; absent: not applicable."""
+    import tensorflow as tf
+
+    if not tf.executing_eagerly():  # TF 1.x
+        return {"graph": "here"}
+    if flavour == "keras":
+        return {}
+    eager = {"eager": "here"}
+    return eager if flavour == "keras3" else dict(eager, graph="subprocess")
+
+
+def check() -> List[Row]:
+    rows: List[Row] = []
+    for flavour in flavours():
+        for mode, where in modes(flavour).items():
+            rows += run_cases(flavour, mode) if where == "here" else _in_subprocess(flavour, mode)
+    return rows
+
+
+def _in_subprocess(flavour: str, mode: str) -> List[Row]:
+    command = [sys.executable, "-m", "compatgrad", "check", "--only", flavour, mode]
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    try:
+        return [Row(*row) for row in json.loads(result.stdout.strip().splitlines()[-1])]
+    except (ValueError, IndexError):
+        return [Row(flavour, mode, "subprocess", float("inf"), "failed: " + result.stderr.strip()[-300:])]
+
+
+def run_only(flavour: str, mode: str) -> str:
+    """The subprocess side: switch graph mode on first, then run and print the rows as JSON."""
+    import tensorflow as tf
+
+    if mode == "graph" and tf.executing_eagerly():
+        tf.compat.v1.disable_eager_execution()
+    return json.dumps([list(row) for row in run_cases(flavour, mode)])
+
+
+def table(rows: List[Row]) -> str:
+    lines = ["{:<10} {:<6} {:<28} {:>12}  {}".format("flavour", "mode", "case", "max |diff|", "result")]
+    for row in rows:
+        shown = "-" if row.difference is None else "{:.2e}".format(row.difference)
+        result = row.note if row.difference is None else ("pass" if row.ok else "FAIL " + row.note)
+        lines.append("{:<10} {:<6} {:<28} {:>12}  {}".format(row.flavour, row.mode, row.case, shown, result))
+    return "\n".join(lines)

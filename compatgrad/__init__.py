@@ -6,7 +6,7 @@
 Importing compatgrad imports no framework; TensorFlow / Keras are imported when a model is used.
 """
 from . import errors
-from .api import get_gradients
+from .api import GradientInfo, get_gradients
 
 __version__ = "0.1.0"
-__all__ = ["get_gradients", "errors", "__version__"]
+__all__ = ["get_gradients", "GradientInfo", "errors", "__version__"]

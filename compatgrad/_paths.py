@@ -14,6 +14,8 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "backend": ("backend",),
     # Keras 2 eager: the data adapter train_on_batch feeds the train step through.
     "data_adapter": ("engine.data_adapter",),
+    # Keras 3: class_weight_to_sample_weights, as train_on_batch uses it.
+    "data_adapter_utils": ("trainers.data_adapters.data_adapter_utils",),
 }
 
 

@@ -47,9 +47,8 @@ def _keras2_flavour(model: object, root: str, v1: bool) -> Flavour:
     return Flavour(name, root, graph)
 
 
-def keras3_backend(model: object) -> Optional[str]:
-    """The Keras 3 backend name ("tensorflow", "jax", "torch", ...) of the package a model comes from."""
-    root = flavour_of(model).root
+def keras3_backend(root: str) -> Optional[str]:
+    """The backend ("tensorflow", "jax", "torch", ...) of the Keras 3 package under ``root``."""
     package = sys.modules.get(root.split(".")[0])
     config = getattr(package, "config", None)
     backend = getattr(config, "backend", None)

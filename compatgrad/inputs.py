@@ -141,6 +141,11 @@ def _describe(value: Any) -> str:
     return "{} of shape {}".format(type(value).__name__, tuple(shape)) if shape is not None else type(value).__name__
 
 
+def name_of(variable: Any) -> str:
+    """Keras 3 names are bare ("kernel") and collide; its ``path`` ("dense/kernel") does not."""
+    return str(getattr(variable, "path", None) or getattr(variable, "name", None) or repr(variable))
+
+
 def _name(variable: Any) -> str:
-    return "{} ({})".format(getattr(variable, "name", repr(variable)), type(variable).__name__)
+    return "{} ({})".format(name_of(variable), type(variable).__name__)
 

@@ -19,15 +19,16 @@ GRAPH = MODE == "graph"
 if GRAPH and not TF1:
     tf.compat.v1.disable_eager_execution()
 
-keras = tf.keras if FLAVOUR == "tf.keras" else importlib.import_module(FLAVOUR)
+keras = tf.keras if FLAVOUR == "tf.keras" else importlib.import_module("keras" if FLAVOUR == "keras3" else FLAVOUR)
 backend = keras.backend
+KERAS3 = keras.Model.__module__.endswith(".models.model")  # also tf.keras on TF >= 2.16
 
 
 def _optimizer_classes():
     """SGD classes that this cell's training step can use, by name."""
     classes = {}
     optimizers = keras.optimizers
-    legacy = getattr(optimizers, "legacy", None)
+    legacy = None if KERAS3 else getattr(optimizers, "legacy", None)
     if not GRAPH:
         classes["sgd"] = optimizers.SGD
     if legacy is not None and hasattr(legacy, "SGD"):
@@ -47,14 +48,28 @@ def sgd(name=None, **kwargs):
 
 
 def values(variables):
+    if KERAS3:
+        return [np.array(v.numpy()) for v in variables]
     return [np.array(v) for v in backend.batch_get_value(list(variables))]
+
+
+def assign(variable, value):
+    variable.assign(value) if KERAS3 else backend.set_value(variable, value)
+
+
+def train(model, x, y, sample_weight=None, class_weight=None, keep_metrics=False):
+    """train_on_batch; keep_metrics: do not reset the metrics (Keras 3 always resets them first)."""
+    kwargs = {} if KERAS3 or not keep_metrics else {"reset_metrics": False}
+    if class_weight is not None:
+        kwargs["class_weight"] = class_weight
+    return model.train_on_batch(x, y, sample_weight=sample_weight, **kwargs)
 
 
 def train_step_delta(model, x, y, sample_weight=None, class_weight=None):
     """w0 - w1 for the model's trainable weights after one train_on_batch (with SGD(1.0): the gradient)."""
     weights = list(model.trainable_weights)
     before = values(weights)
-    model.train_on_batch(x, y, sample_weight=sample_weight, class_weight=class_weight)
+    train(model, x, y, sample_weight=sample_weight, class_weight=class_weight)
     return [b - a for b, a in zip(before, values(weights))]
 
 
@@ -90,7 +105,7 @@ def set_mixed_precision(name):
     if mixed is None or TF1:  # TF 1.x has only the "infer_float32_vars" policies
         return False
     if hasattr(mixed, "set_global_policy"):
-        mixed.set_global_policy(name)
+        mixed.set_global_policy(name if name or not KERAS3 else "float32")
         return True
     experimental = getattr(mixed, "experimental", None)
     if experimental is not None and hasattr(experimental, "set_policy") and hasattr(tf, "function"):
@@ -107,7 +122,7 @@ def optimizer_variables(optimizer):
 
 
 def metric_variables(model):
-    return [v for metric in model.metrics for v in getattr(metric, "variables", metric.weights)]
+    return [v for metric in model.metrics for v in (metric.variables if hasattr(metric, "variables") else metric.weights)]
 
 
 def graph_of(model):

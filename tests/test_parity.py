@@ -81,7 +81,7 @@ def test_sample_weights_after_an_unweighted_step(opt, rng):
     x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
     weights = rng.uniform(0, 3, size=32).astype("float32")
     model = regression_model(opt)
-    model.train_on_batch(x, y)
+    kit.train(model, x, y)
     assert_parity(model, x, y, sample_weight=weights)
     assert_parity(model, x, y)  # and back to unweighted
     assert_parity(model, x, y, sample_weight=weights)
@@ -181,7 +181,7 @@ def test_mixed_precision_loss_scaling(opt, mixed_float16, rng):
     x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
     model = kit.keras.Sequential([layers.Dense(8, activation="tanh", input_shape=(5,)), layers.Dense(1, dtype="float32")])
     model.compile(kit.sgd(opt), "mse")
-    assert hasattr(model.optimizer, "get_scaled_loss"), "compile did not wrap the optimizer in a LossScaleOptimizer"
+    assert "LossScaleOptimizer" in type(model.optimizer).__name__, "compile did not wrap the optimizer"
     assert_parity(model, x, y, tol=1e-3)
 
 
@@ -225,9 +225,9 @@ def test_finite_differences_conv_net(rng):
                 for sign in (1, -1):
                     shifted = base.copy()
                     shifted[index] += sign * eps
-                    kit.backend.set_value(weight, shifted)
+                    kit.assign(weight, shifted)
                     losses.append(np.mean((model.predict_on_batch(x) - y) ** 2))  # MSE, in float64
-                kit.backend.set_value(weight, base)
+                kit.assign(weight, base)
                 assert abs((losses[0] - losses[1]) / (2 * eps) - grad[index]) <= 1e-6
     finally:
         kit.backend.set_floatx("float32")

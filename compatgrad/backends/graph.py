@@ -9,13 +9,15 @@ import weakref
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
+import tensorflow as tf
 
 from .. import _paths
 from .._cache import cached
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, ModeError
 from ..inputs import Batch
-from ._keras2_optimizer import Keras2Optimizer
+from . import Result
+from ._steps import Keras2Steps
 
 
 def gradients(
@@ -26,7 +28,7 @@ def gradients(
     training: bool,
     clip: bool,
     class_weight: Optional[Dict[Any, float]],
-) -> List[Optional[np.ndarray]]:
+) -> Result:
     if not hasattr(model.optimizer, "get_updates"):
         raise ModeError(
             "model.optimizer: graph mode trains through get_updates, which only the legacy optimizers have; "
@@ -54,19 +56,20 @@ def gradients(
     key = ("graph", tuple(id(p) for p in params), clip, tuple(id(f) for f in feeds))
     state = (model.total_loss, model.optimizer)
     connected, function = cached(model, key, state, lambda: _build(weakref.ref(model), K, params, feeds, clip))
-    fetched = iter(function(values) if any(connected) else [])
-    return [np.asarray(next(fetched)) if is_connected else None for is_connected in connected]
+    loss, loss_scale, *fetched = function(values)
+    grads = iter(fetched)
+    return Result([np.asarray(next(grads)) if is_connected else None for is_connected in connected], float(loss), float(loss_scale))
 
 
 def _build(model_ref: "weakref.ref", K: Any, params: Sequence[Any], feeds: List[Any], clip: bool) -> tuple:
-    """(which params the loss depends on, a K.function fetching their gradients)."""
+    """(which params the loss depends on, a K.function fetching loss, loss scale and their gradients)."""
     model = model_ref()
-    with model.total_loss.graph.as_default():
-        steps = Keras2Optimizer(model.optimizer)
-        scaled_loss = steps.scale(model.total_loss)
-        grads = steps.gradients(scaled_loss, params, model.trainable_weights, K.gradients, clip)
-        connected = [g is not None for g in grads]
-        return connected, K.function(feeds, [g for g in grads if g is not None]) if any(connected) else None
+    loss = model.total_loss
+    with loss.graph.as_default():
+        steps = Keras2Steps(model.optimizer)
+        grads = steps.gradients(steps.scale(loss), params, model.trainable_weights, K.gradients, clip)
+        fetches = [loss, steps.scale(tf.ones_like(loss))] + [g for g in grads if g is not None]
+        return [g is not None for g in grads], K.function(feeds, fetches)
 
 
 def _standardize(model: Any, batch: Batch, class_weight: Optional[Dict[Any, float]]) -> tuple:

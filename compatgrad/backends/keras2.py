@@ -15,7 +15,9 @@ from .._cache import cached
 from ..detect import Flavour
 from ..errors import InvalidArgumentError
 from ..inputs import Batch
-from ._keras2_optimizer import Keras2Optimizer
+from . import Result
+from ._state import PreservedState
+from ._steps import Keras2Steps
 
 
 def gradients(
@@ -26,7 +28,7 @@ def gradients(
     training: bool,
     clip: bool,
     class_weight: Optional[Dict[Any, float]],
-) -> List[Optional[np.ndarray]]:
+) -> Result:
     adapter = _paths.load(flavour.root, "data_adapter")
     # As single_batch_iterator prepares the batch for train_on_batch, minus the tf.data round trip.
     x, y, sample_weight = adapter._process_tensorlike((batch.x, batch.y, batch.sample_weight))
@@ -41,19 +43,20 @@ def gradients(
     key = ("keras2", tuple(id(p) for p in params), tuple(id(v) for v in trainable), training, clip)
     state = (model.optimizer, model.compiled_loss)
     step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, params, training, clip))
-    return [None if g is None else g.numpy() for g in step(x, y, sample_weight)]
+    grads, loss, loss_scale = step(x, y, sample_weight)
+    return Result([None if g is None else g.numpy() for g in grads], float(loss), float(loss_scale))
 
 
 def _build(model_ref: "weakref.ref", adapter: Any, params: Sequence[Any], training: bool, clip: bool) -> Any:
-    def step(x: Any, y: Any, sample_weight: Any) -> List[Optional[tf.Tensor]]:
+    def step(x: Any, y: Any, sample_weight: Any) -> tuple:
         model = model_ref()
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
         if hasattr(adapter, "expand_1d"):  # train_step of TF 2.2-2.6 expands 1-D arrays
             data = adapter.expand_1d(data)
         x, y, sample_weight = adapter.unpack_x_y_sample_weight(data)
-        steps = Keras2Optimizer(model.optimizer)
+        steps = Keras2Steps(model.optimizer)
 
-        preserved = _PreservedState(model, training)
+        preserved = PreservedState(model, training)
         with tf.GradientTape() as tape:
             tape.watch(params)  # non-trainable params are not watched by default
             y_pred = model(x, training=training)
@@ -61,7 +64,7 @@ def _build(model_ref: "weakref.ref", adapter: Any, params: Sequence[Any], traini
             scaled_loss = steps.scale(loss)
         grads = steps.gradients(scaled_loss, params, model.trainable_variables, tape.gradient, clip)
         preserved.restore()
-        return grads
+        return grads, loss, steps.scale(tf.ones_like(loss))
 
     return _paths.relaxed_function(step)
 
@@ -70,28 +73,3 @@ def _loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> tf.Ten
     if hasattr(model, "compute_loss"):  # Keras >= 2.8, possibly overridden by the user
         return model.compute_loss(x, y, y_pred, sample_weight)
     return model.compiled_loss(y, y_pred, sample_weight, regularization_losses=model.losses)
-
-
-class _PreservedState:
-    """Undo what a forward pass and the compiled loss write: moving statistics and loss metrics.
-
-    Read at trace start, written back after the gradients, ordered by tf.function's automatic
-    control dependencies. Metrics the loss container builds during the first trace did not exist
-    before it, so they are reset to their fresh state instead.
-    """
-
-    def __init__(self, model: Any, training: bool):
-        self.model = model
-        # Only a training-mode forward pass updates non-trainable variables (BatchNormalization).
-        variables = list(model.non_trainable_variables) if training else []
-        self.metrics = {id(m) for m in model.metrics}
-        variables += [v for m in model.metrics for v in m.variables]
-        self.saved = [(v, v.read_value()) for v in variables]
-
-    def restore(self) -> None:
-        for variable, value in self.saved:
-            variable.assign(value)
-        for metric in self.model.metrics:
-            if id(metric) not in self.metrics:
-                reset = getattr(metric, "reset_state", None) or metric.reset_states  # reset_states before TF 2.5
-                reset()

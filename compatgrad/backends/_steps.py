@@ -1,0 +1,147 @@
+"""The optimizer's own loss scaling, aggregation and clipping, in the order its training step applies them.
+
+Keras 2 (graph and eager, through ``apply_gradients``): scale -> gradient -> unscale -> aggregate -> clip.
+Keras 3 (``BaseOptimizer.apply``): scale -> gradient -> unscale -> clip -> aggregate.
+"""
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+Gradient = Callable[[Any, List[Any]], List[Any]]  # (loss, variables) -> gradients, None where unconnected
+Pairs = List[Tuple[Any, Any]]
+
+
+class Steps:
+    optimizer: Any
+    inner: Any  # the optimizer that aggregates and clips (inside a LossScaleOptimizer)
+    clips: bool  # whether the optimizer clips at all
+
+    def scale(self, loss: Any) -> Any:
+        raise NotImplementedError
+
+    def unscale(self, grads: List[Any]) -> List[Any]:
+        raise NotImplementedError
+
+    def aggregate(self, pairs: Pairs) -> List[Any]:
+        """Cross-replica sum (an identity outside a distribution strategy)."""
+        raise NotImplementedError
+
+    def clip(self, pairs: Pairs) -> List[Any]:
+        """``pairs`` hold every trainable variable the optimizer updates (a global norm needs them all)."""
+        raise NotImplementedError
+
+    def stages(self, present: List[int], updated: List[int]) -> List[Tuple[Callable[[Pairs], List[Any]], List[int]]]:
+        raise NotImplementedError
+
+    def gradients(self, scaled_loss: Any, params: Sequence[Any], trainable: Sequence[Any], gradient: Gradient, clip: bool) -> List[Optional[Any]]:
+        """What the training step hands to the update, for ``params``; None where the loss does not depend on one.
+
+        ``scaled_loss`` is ``self.scale(loss)``, computed where ``gradient`` sees it (inside the tape).
+        Params the optimizer does not update (non-trainable variables) come unscaled and aggregated, unclipped.
+        """
+        param_ids = {id(p) for p in params}
+        wrt = list(params)
+        if clip and self.clips:
+            wrt += [v for v in trainable if id(v) not in param_ids]
+        grads = self.unscale(list(gradient(scaled_loss, wrt)))
+
+        present = [i for i, g in enumerate(grads) if g is not None]
+        trainable_ids = {id(v) for v in trainable}
+        updated = [i for i in present if id(wrt[i]) in trainable_ids] if clip and self.clips else []
+        for stage, indices in self.stages(present, updated):
+            if indices:
+                for i, g in zip(indices, stage([(grads[i], wrt[i]) for i in indices])):
+                    grads[i] = g
+        return [None if g is None else tf.convert_to_tensor(g) for g in grads[: len(params)]]
+
+
+_KERAS2_CLIP_SETTINGS = ("clipnorm", "clipvalue", "global_clipnorm", "_clipnorm", "_clipvalue", "_global_clipnorm", "gradient_transformers")
+
+
+class Keras2Steps(Steps):
+    def __init__(self, optimizer: Any):
+        self.optimizer = optimizer
+        # LossScaleOptimizer (experimental, legacy and V3) all have these two methods.
+        self.scales = hasattr(optimizer, "get_scaled_loss") and hasattr(optimizer, "get_unscaled_gradients")
+        inner = getattr(optimizer, "inner_optimizer", None) or getattr(optimizer, "_optimizer", None)
+        self.inner = inner if self.scales and inner is not None else optimizer
+        self.clips = any(getattr(self.inner, name, None) for name in _KERAS2_CLIP_SETTINGS)
+
+    def scale(self, loss: Any) -> Any:
+        return self.optimizer.get_scaled_loss(loss) if self.scales else loss
+
+    def unscale(self, grads: List[Any]) -> List[Any]:
+        return list(self.optimizer.get_unscaled_gradients(grads)) if self.scales else grads
+
+    def stages(self, present: List[int], updated: List[int]) -> list:
+        return [(self.aggregate, present), (self.clip, updated)]
+
+    def aggregate(self, pairs: Pairs) -> List[Any]:
+        inner = self.inner
+        if hasattr(inner, "aggregate_gradients"):  # optimizer.Optimizer, Keras >= 2.11
+            return [g for g, _ in inner.aggregate_gradients(pairs)]
+        if hasattr(inner, "_transform_unaggregated_gradients"):  # OptimizerV2, TF >= 2.4
+            pairs = inner._transform_unaggregated_gradients(pairs)
+        if not getattr(inner, "_HAS_AGGREGATE_GRAD", False):  # TF 1.x, standalone Keras
+            return [g for g, _ in pairs]
+        aggregated = list(inner._aggregate_gradients(pairs))
+        return [g[0] if isinstance(g, tuple) else g for g in aggregated]  # TF 2.2-2.3 return bare gradients
+
+    def clip(self, pairs: Pairs) -> List[Any]:
+        inner, grads = self.inner, [g for g, _ in pairs]
+        if hasattr(inner, "_transform_gradients"):  # OptimizerV2, TF >= 2.4: clipvalue, clipnorm, global_clipnorm
+            return [g for g, _ in inner._transform_gradients(list(pairs))]
+        if hasattr(inner, "_clip_gradients"):  # optimizer.Optimizer (2.11+) and OptimizerV2 in TF 2.2-2.3
+            return list(inner._clip_gradients(grads))
+        if type(inner).__module__.split(".")[0] == "keras":  # standalone Keras 2.2/2.3: a global norm
+            return _standalone_keras_clip(inner, grads)
+        # OptimizerV2.get_gradients of TF 1.x-2.1: per-tensor clipnorm, then clipvalue.
+        if hasattr(inner, "clipnorm"):
+            grads = [tf.clip_by_norm(g, inner.clipnorm) for g in grads]
+        if hasattr(inner, "clipvalue"):
+            grads = [tf.clip_by_value(g, -inner.clipvalue, inner.clipvalue) for g in grads]
+        return grads
+
+
+def _standalone_keras_clip(optimizer: Any, grads: List[Any]) -> List[Any]:
+    """As standalone Keras 2.2/2.3 ``Optimizer.get_gradients`` clips."""
+    import keras.backend as K
+    from keras.optimizers import clip_norm
+
+    if getattr(optimizer, "clipnorm", 0) > 0:
+        norm = K.sqrt(sum([K.sum(K.square(g)) for g in grads]))
+        grads = [clip_norm(g, optimizer.clipnorm, norm) for g in grads]
+    if getattr(optimizer, "clipvalue", 0) > 0:
+        grads = [K.clip(g, -optimizer.clipvalue, optimizer.clipvalue) for g in grads]
+    return grads
+
+
+class Keras3Steps(Steps):
+    def __init__(self, optimizer: Any):
+        self.optimizer = optimizer
+        self.inner = getattr(optimizer, "inner_optimizer", optimizer)
+        self.clips = any(getattr(self.inner, name, None) for name in ("clipnorm", "global_clipnorm", "clipvalue"))
+
+    def scale(self, loss: Any) -> Any:
+        return self.optimizer.scale_loss(loss)
+
+    def unscale(self, grads: List[Any]) -> List[Any]:
+        """As ``LossScaleOptimizer.apply`` (its dynamic scale), then the inner ``apply`` (loss_scale_factor)."""
+        scales = []
+        if self.inner is not self.optimizer:
+            # Before it is built, the scale in force is the initial one (so scale_loss says).
+            scales.append(self.optimizer.dynamic_scale if self.optimizer.built else self.optimizer.initial_scale)
+        if self.inner.loss_scale_factor is not None:
+            scales.append(self.inner.loss_scale_factor)
+        for scale in scales:
+            grads = [None if g is None else tf.convert_to_tensor(g) / tf.cast(scale, g.dtype) for g in grads]
+        return grads
+
+    def stages(self, present: List[int], updated: List[int]) -> list:
+        return [(self.clip, updated), (self.aggregate, present)]
+
+    def clip(self, pairs: Pairs) -> List[Any]:
+        return list(self.inner._clip_gradients([g for g, _ in pairs]))
+
+    def aggregate(self, pairs: Pairs) -> List[Any]:
+        return [g for g, _ in self.inner._all_reduce_sum_gradients(pairs)]

@@ -93,10 +93,11 @@ def reference_gradients(model, x, y, weights, training):
 
 
 def max_difference(a, b):
+    """Largest absolute difference between two lists of arrays (0.0 for two empty lists)."""
     assert len(a) == len(b), (len(a), len(b))
     for left, right in zip(a, b):
         assert np.shape(left) == np.shape(right), (np.shape(left), np.shape(right))
-    return max(float(np.max(np.abs(np.asarray(left, np.float64) - np.asarray(right, np.float64)))) for left, right in zip(a, b))
+    return max([float(np.max(np.abs(np.asarray(left, np.float64) - np.asarray(right, np.float64)))) for left, right in zip(a, b)] or [0.0])
 
 
 def set_mixed_precision(name):

@@ -34,10 +34,11 @@ def gradients(
         utils = _paths.load(flavour.root, "data_adapter_utils")
         sample_weight = tf.convert_to_tensor(utils.class_weight_to_sample_weights(y, class_weight))
 
-    key = ("keras3", tuple(id(p) for p in params), tuple(id(v) for v in model.trainable_weights), training, clip)
+    # An unbuilt LossScaleOptimizer scales by its initial scale, a built one by its dynamic scale variable.
+    built = model.optimizer.built
+    key = ("keras3", tuple(id(p) for p in params), tuple(id(v) for v in model.trainable_weights), training, clip, built)
     state = (model.optimizer, model._compile_loss)
-    data = (x, y, sample_weight)
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), data, params, training, clip))
+    step = cached(model, key, state, lambda: _build(weakref.ref(model), params, training, clip))
     grads, loss, loss_scale = step(x, y, sample_weight)
     return Result([None if g is None else g.numpy() for g in grads], float(loss), float(loss_scale))
 
@@ -46,11 +47,7 @@ def _to_tensor(value: Any) -> Any:
     return value if value is None else tf.convert_to_tensor(value)
 
 
-def _build(model_ref: "weakref.ref", data: tuple, params: Sequence[Any], training: bool, clip: bool) -> Any:
-    # What train_on_batch does first: build the model, the compiled loss and metrics, the optimizer,
-    # so that no variable is created inside the traced step.
-    model_ref()._symbolic_build(data_batch=data)
-
+def _build(model_ref: "weakref.ref", params: Sequence[Any], training: bool, clip: bool) -> Any:
     def step(x: Any, y: Any, sample_weight: Any) -> tuple:
         model = model_ref()
         steps = Keras3Steps(model.optimizer)

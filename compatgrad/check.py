@@ -88,22 +88,28 @@ def run_cases(flavour: str, mode: str) -> List[Row]:
 
 
 def modes(flavour: str) -> Dict[str, str]:
-    """mode -> how to run it: "here" (this process) or "subprocess"; absent: not applicable."""
+    """mode -> "here" (this process), "subprocess", or why it does not apply."""
     import tensorflow as tf
 
     if not tf.executing_eagerly():  # TF 1.x
         return {"graph": "here"}
     if flavour == "keras":
-        return {}
-    eager = {"eager": "here"}
-    return eager if flavour == "keras3" else dict(eager, graph="subprocess")
+        return {"eager": "n/a: standalone Keras runs in graph mode on TF 1.x only"}
+    if flavour == "keras3":
+        return {"eager": "here", "graph": "n/a: Keras 3 cannot train in graph mode"}
+    return {"eager": "here", "graph": "subprocess"}
 
 
 def check() -> List[Row]:
     rows: List[Row] = []
     for flavour in flavours():
         for mode, where in modes(flavour).items():
-            rows += run_cases(flavour, mode) if where == "here" else _in_subprocess(flavour, mode)
+            if where == "here":
+                rows += run_cases(flavour, mode)
+            elif where == "subprocess":
+                rows += _in_subprocess(flavour, mode)
+            else:
+                rows.append(Row(flavour, mode, "all cases", None, where))
     return rows
 
 

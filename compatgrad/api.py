@@ -5,6 +5,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import inputs
+from .backends import Request
 from .detect import Flavour, flavour_of, keras3_backend
 from .errors import ModeError, UnconnectedGradientError, UnsupportedModelError
 
@@ -45,7 +46,7 @@ def get_gradients(
     params = inputs.check_params(model, params)
     batch = inputs.check_batch(model, x, y, sample_weight)
     backend = _backend(model, flavour)
-    result = backend.gradients(model, flavour, batch, params, training, bool(clip), class_weight)
+    result = backend.gradients(model, flavour, Request(batch, params, training, bool(clip), class_weight))
     missing = [p for p, g in zip(params, result.grads) if g is None]
     if missing and unconnected == "raise":
         raise UnconnectedGradientError(

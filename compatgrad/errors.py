@@ -10,8 +10,8 @@ class CompatgradError(Exception):
     """Base class of every compatgrad error."""
 
 
-class InvalidArgumentError(CompatgradError, ValueError):
-    """An argument has the wrong value: the message names it, what was expected and what came."""
+class _ArgumentError(CompatgradError):
+    """The message names the argument, what was expected and what came."""
 
     def __init__(self, argument: str, expected: str, got: Any):
         self.argument = argument
@@ -20,14 +20,12 @@ class InvalidArgumentError(CompatgradError, ValueError):
         super().__init__("{}: expected {}, got {}".format(argument, expected, got))
 
 
-class InvalidTypeError(CompatgradError, TypeError):
+class InvalidArgumentError(_ArgumentError, ValueError):
+    """An argument has the wrong value."""
+
+
+class InvalidTypeError(_ArgumentError, TypeError):
     """An argument has the wrong type."""
-
-    def __init__(self, argument: str, expected: str, got: Any):
-        self.argument = argument
-        self.expected = expected
-        self.got = got
-        super().__init__("{}: expected {}, got {}".format(argument, expected, got))
 
 
 class NotCompiledError(CompatgradError, ValueError):

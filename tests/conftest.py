@@ -20,3 +20,11 @@ def fresh_graph():
 @pytest.fixture
 def rng():
     return np.random.RandomState(0)
+
+
+@pytest.fixture
+def mixed_float16():
+    if not kit.set_mixed_precision("mixed_float16"):
+        pytest.skip("this Keras has no mixed precision policy")
+    yield
+    kit.set_mixed_precision(None)  # back to the default, which follows floatx

@@ -116,9 +116,12 @@ def set_mixed_precision(name):
 
 
 def optimizer_variables(optimizer):
-    variables = getattr(optimizer, "variables", None)
-    if callable(variables):  # OptimizerV2: a method
-        variables = variables()
+    try:
+        variables = getattr(optimizer, "variables", None)
+        if callable(variables):  # OptimizerV2: a method
+            variables = variables()
+    except AttributeError:  # TF 2.11's LossScaleOptimizerV3.variables() fails: read its parts
+        return optimizer_variables(optimizer.inner_optimizer) + [optimizer.loss_scale, optimizer.dynamic_counter]
     return list(variables if variables is not None else optimizer.weights)
 
 

@@ -1,5 +1,4 @@
 """No side effects, caching (no graph growth, no retracing) and invalidation on recompile."""
-import numpy as np
 import pytest
 
 import kit
@@ -15,7 +14,7 @@ def bn_model(opt, metrics=("mae",)):
         layers.Dense(6, input_shape=(4,)),
         layers.BatchNormalization(),
         layers.Activation("tanh"),
-        layers.Dense(1),
+        layers.Dense(1, dtype="float32"),
     ])
     model.compile(kit.sgd(opt, learning_rate=0.1, momentum=0.9), "mse", metrics=list(metrics))
     return model
@@ -29,8 +28,17 @@ def state(model):
     )
 
 
+@pytest.fixture(params=["float32", "mixed_float16"])
+def policy(request):
+    if request.param != "float32" and not kit.set_mixed_precision(request.param):
+        pytest.skip("this Keras has no mixed precision policy")
+    yield request.param
+    kit.set_mixed_precision(None)
+
+
 @optimizer_names
-def test_no_side_effects(opt, rng):
+def test_no_side_effects(opt, policy, rng):
+    """Weights, optimizer slots, iterations and loss scale, metric totals, train function: all untouched."""
     x, y = rng.randn(32, 4).astype("float32"), rng.randn(32, 1).astype("float32")
     weights = rng.uniform(0, 2, size=32).astype("float32")
     model, twin = bn_model(opt), bn_model(opt)

@@ -14,6 +14,6 @@ def test_check_passes_on_the_embedded_models():
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].split()[:4] == ["flavour", "mode", "case", "max"]
-    assert lines[-1].endswith(" 0 failed") and not lines[-1].startswith("0 passed"), lines[-1]
+    assert " 0 failed" in lines[-1] and not lines[-1].startswith("0 passed"), lines[-1]
     expected_modes = {"graph"} if kit.TF1 else {"eager"}
     assert expected_modes <= {line.split()[1] for line in lines[1:-1]}

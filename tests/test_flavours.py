@@ -11,7 +11,6 @@ import pytest
 
 import kit
 from compatgrad import GradientInfo, get_gradients
-from test_parity import mixed_float16  # noqa: F401  (fixture)
 
 layers = kit.keras.layers
 

@@ -46,6 +46,16 @@ def test_seed_call_positional(opt, rng):
     assert kit.max_difference(grads, kit.train_step_delta(model, x, y)) <= TOL
 
 
+@pytest.mark.skipif(kit.GRAPH, reason="graph-mode tensors are symbolic: graph mode is fed numpy arrays")
+def test_tensor_inputs(rng):
+    x, y = rng.randn(16, 5).astype("float32"), rng.randn(16, 1).astype("float32")
+    weights = rng.uniform(0, 2, size=16).astype("float32")
+    model = regression_model()
+    from_tensors = get_gradients(model, kit.tf.constant(x), kit.tf.constant(y), sample_weight=kit.tf.constant(weights))
+    assert kit.max_difference(from_tensors, get_gradients(model, x, y, sample_weight=weights)) == 0.0
+    assert_parity(model, x, y, sample_weight=weights)
+
+
 @optimizer_names
 def test_classifier_sparse_categorical(opt, rng):
     x, y = rng.randn(32, 6).astype("float32"), rng.randint(0, 4, size=(32, 1))
@@ -166,14 +176,6 @@ def test_batchnorm_learning_phase(opt, rng):
     assert kit.max_difference(kit.values(moving), moving_before) == 0.0  # moving statistics untouched
     assert kit.max_difference(inference, kit.reference_gradients(model, x, y, model.trainable_weights, 0)) <= TOL
     assert kit.max_difference(training, kit.train_step_delta(model, x, y)) <= TOL
-
-
-@pytest.fixture
-def mixed_float16():
-    if not kit.set_mixed_precision("mixed_float16"):
-        pytest.skip("this Keras has no mixed precision policy")
-    yield
-    kit.set_mixed_precision(None)  # back to the default, which follows floatx
 
 
 @optimizer_names

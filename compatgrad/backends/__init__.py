@@ -1,5 +1,17 @@
 """One module per engine: ``graph`` (TF1-style sessions), ``keras2`` (tf.keras / tf_keras eager), ``keras3``."""
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+
+from ..inputs import Batch
+
+
+class Request(NamedTuple):
+    """What every backend is asked for, validated by the front door."""
+
+    batch: Batch
+    params: Sequence[Any]
+    training: bool  # learning phase 1
+    clip: bool
+    class_weight: Optional[Dict[Any, float]]
 
 
 class Result(NamedTuple):

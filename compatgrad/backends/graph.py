@@ -14,21 +14,14 @@ import tensorflow as tf
 from .. import _paths
 from .._cache import cached
 from ..detect import Flavour
-from ..errors import InvalidArgumentError, ModeError
+from ..errors import InvalidArgumentError, ModeError, UnsupportedModelError
 from ..inputs import Batch
-from . import Result
+from . import Request, Result
 from ._steps import Keras2Steps
 
 
-def gradients(
-    model: Any,
-    flavour: Flavour,
-    batch: Batch,
-    params: Sequence[Any],
-    training: bool,
-    clip: bool,
-    class_weight: Optional[Dict[Any, float]],
-) -> Result:
+def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
+    batch, params, training, clip, class_weight = request
     if not hasattr(model.optimizer, "get_updates"):
         raise ModeError(
             "model.optimizer: graph mode trains through get_updates, which only the legacy optimizers have; "
@@ -51,7 +44,7 @@ def gradients(
         feeds.append(phase)
         values.append(training)
     if len(feeds) != len(values):  # a positional mismatch would feed arrays into the wrong placeholders
-        raise ModeError("model: {} feeds but {} values after standardization; please report this model".format(len(feeds), len(values)))
+        raise UnsupportedModelError("model: {} feeds but {} values after standardization; please report this model".format(len(feeds), len(values)))
 
     key = ("graph", tuple(id(p) for p in params), clip, tuple(id(f) for f in feeds))
     state = (model.total_loss, model.optimizer)
@@ -73,7 +66,7 @@ def _build(model_ref: "weakref.ref", K: Any, params: Sequence[Any], feeds: List[
 
 
 def _standardize(model: Any, batch: Batch, class_weight: Optional[Dict[Any, float]]) -> tuple:
-    """The model's own input standardization; it resets sample-weight modes, so put them back on failure."""
+    """The model's own input standardization; it resets the sample-weight modes, so put them back."""
     endpoints = getattr(model, "_training_endpoints", [])
     modes = [e.sample_weight_mode for e in endpoints]
     try:

@@ -5,30 +5,21 @@ The batch goes through the version's own data adapter, the loss is ``compute_los
 own scale -> gradient -> unscale -> aggregate -> clip. The step is one cached ``tf.function``.
 """
 import weakref
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from .. import _paths
 from .._cache import cached
 from ..detect import Flavour
 from ..errors import InvalidArgumentError
-from ..inputs import Batch
-from . import Result
+from . import Request, Result
 from ._state import PreservedState
 from ._steps import Keras2Steps
 
 
-def gradients(
-    model: Any,
-    flavour: Flavour,
-    batch: Batch,
-    params: Sequence[Any],
-    training: bool,
-    clip: bool,
-    class_weight: Optional[Dict[Any, float]],
-) -> Result:
+def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
+    batch, params, training, clip, class_weight = request
     adapter = _paths.load(flavour.root, "data_adapter")
     # As single_batch_iterator prepares the batch for train_on_batch, minus the tf.data round trip.
     x, y, sample_weight = adapter._process_tensorlike((batch.x, batch.y, batch.sample_weight))

@@ -4,7 +4,7 @@ The loss is ``_compute_loss(..., training=)`` (3.4+) or ``compute_loss``, scaled
 ``scale_loss``; gradients are unscaled, clipped and aggregated as ``BaseOptimizer.apply`` does.
 """
 import weakref
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 
@@ -12,21 +12,13 @@ from .. import _paths
 from .._cache import cached
 from ..detect import Flavour
 from ..errors import InvalidArgumentError
-from ..inputs import Batch
-from . import Result
+from . import Request, Result
 from ._state import PreservedState
 from ._steps import Keras3Steps
 
 
-def gradients(
-    model: Any,
-    flavour: Flavour,
-    batch: Batch,
-    params: Sequence[Any],
-    training: bool,
-    clip: bool,
-    class_weight: Optional[Dict[Any, float]],
-) -> Result:
+def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
+    batch, params, training, clip, class_weight = request
     x, y, sample_weight = tf.nest.map_structure(_to_tensor, (batch.x, batch.y, batch.sample_weight))
     if class_weight:
         if sample_weight is not None:

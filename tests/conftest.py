@@ -8,6 +8,14 @@ def pytest_report_header(config):
     return "compatgrad cell: TF {} / {} / {} mode".format(kit.tf.__version__, kit.FLAVOUR, kit.MODE)
 
 
+def pytest_terminal_summary(terminalreporter):
+    if kit.PARITY_DIFFERENCES:
+        float32 = [d for d in kit.PARITY_DIFFERENCES if "mixed" not in d[1]]
+        worst = max(float32 or kit.PARITY_DIFFERENCES)
+        terminalreporter.write_line("parity: {} comparisons with train_on_batch ({} mode), largest float32 difference {:.3g} in {}".format(
+            len(kit.PARITY_DIFFERENCES), kit.MODE, worst[0], worst[1]))
+
+
 @pytest.fixture(autouse=True)
 def fresh_graph():
     """Each test starts with fresh Keras names and seeds; graph mode keeps one session per test."""

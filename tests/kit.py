@@ -100,6 +100,16 @@ def max_difference(a, b):
     return max([float(np.max(np.abs(np.asarray(left, np.float64) - np.asarray(right, np.float64)))) for left, right in zip(a, b)] or [0.0])
 
 
+PARITY_DIFFERENCES = []  # (difference, test) for every comparison with train_on_batch, for the summary
+
+
+def parity_difference(grads, delta):
+    """max_difference against a train_on_batch delta, recorded for the session's summary line."""
+    difference = max_difference(grads, delta)
+    PARITY_DIFFERENCES.append((difference, os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]))
+    return difference
+
+
 def set_mixed_precision(name):
     """Set the global dtype policy (None: the default); False where this Keras has no mixed precision API."""
     mixed = getattr(keras, "mixed_precision", None)

@@ -30,9 +30,10 @@ def load(root: str, name: str) -> ModuleType:
 
 
 def relaxed_function(fn: Callable) -> Callable:
-    """``tf.function`` that retraces at most once more when only the batch size changes.
+    """``tf.function`` that stops retracing when only the batch size changes, as Keras' train function.
 
-    The keyword was ``experimental_relax_shapes`` until TF 2.8 and is ``reduce_retracing`` since 2.9.
+    ``reduce_retracing`` (TF >= 2.9) generalizes on the first new batch size; its predecessor
+    ``experimental_relax_shapes`` on the second, so one trace more there.
     """
     import tensorflow as tf
 

@@ -16,7 +16,6 @@ class Batch(NamedTuple):
     y: Structure
     # None, one array for every output, or a list in output order (entries may be None).
     sample_weight: Optional[Structure]
-    size: int
 
 
 def check_compiled(model: Any) -> None:
@@ -27,7 +26,7 @@ def check_compiled(model: Any) -> None:
 
 
 def check_learning_phase(learning_phase: Any) -> bool:
-    if learning_phase not in (0, 1) or not isinstance(learning_phase, (int, np.integer)):
+    if not isinstance(learning_phase, (int, np.integer)) or learning_phase not in (0, 1):
         raise InvalidArgumentError("learning_phase", "0 (inference) or 1 (training)", repr(learning_phase))
     return bool(learning_phase)
 
@@ -69,7 +68,7 @@ def check_batch(model: Any, x: Structure, y: Structure, sample_weight: Optional[
         raise InvalidArgumentError("x", "at least one array", repr(x))
     if len(set(sizes.values())) > 1:
         raise InvalidArgumentError("x, y, sample_weight", "one batch size for every array", ", ".join("{} has {}".format(k, v) for k, v in sizes.items()))
-    return Batch(x, y, sample_weight, next(iter(sizes.values())))
+    return Batch(x, y, sample_weight)
 
 
 def check_params(model: Any, params: Optional[Sequence[Any]]) -> List[Any]:

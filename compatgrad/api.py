@@ -1,10 +1,11 @@
 """The front door: validate the arguments, pick the backend from the model itself, run it."""
 import sys
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import inputs
+from . import data, inputs, targets
+from .arrays import SparseGradient
 from .backends import Request
 from .detect import Flavour, flavour_of, keras3_backend
 from .errors import ModeError, UnconnectedGradientError, UnsupportedModelError
@@ -28,42 +29,71 @@ def get_gradients(
     clip: bool = True,
     unconnected: str = "raise",
     return_info: bool = False,
-) -> Union[List[np.ndarray], Tuple[List[np.ndarray], GradientInfo]]:
+    as_dict: bool = False,
+    sparse: bool = False,
+    steps: Optional[int] = None,
+    verbose: int = 1,
+) -> Any:
     """The gradients the model's own training step would apply for this batch, as numpy arrays.
 
     ``params`` defaults to ``model.trainable_weights``; the result has one array per param, in order.
+    Params may also be tensors of the model's graph: ``model.inputs`` and layer outputs
+    (``layer.output``, or ``layer_outputs(model, names)``); their gradients have the tensor's shape
+    with the batch first, unscaled and never clipped. ``as_dict=True`` returns ``{name: array}`` in
+    params order (variable names; ``"<layer>/output"`` for tensors; repeats get " (2)", ...).
+    Embedding gradients (``tf.IndexedSlices``) come dense, as large as the embedding matrix;
+    ``sparse=True`` returns them as ``SparseGradient(values, indices, dense_shape)``.
     ``learning_phase`` 1 runs Dropout / BatchNormalization as in training. The result is unscaled
     (mixed precision), aggregated across replicas and clipped by the optimizer's clipnorm /
     clipvalue / global_clipnorm as that version clips; ``clip=False`` returns it before clipping.
     ``unconnected='zero'`` returns zeros for params the loss does not depend on instead of raising.
     ``return_info=True`` returns ``(grads, GradientInfo)``: the loss, the loss scale in force and
     whether every gradient is finite (where it is not, the step would skip its update).
+
+    ``x`` may also be a ``tf.data.Dataset`` (distributed or not), a generator or a Keras
+    ``Sequence`` / ``PyDataset`` yielding ``(x, y)`` or ``(x, y, sample_weight)`` (then ``y`` is
+    None): the gradient over all its batches (the first ``steps``), as on the concatenated data,
+    with a progress bar unless ``verbose=0``. See ``compatgrad.data`` for how batches add up.
     """
     flavour = flavour_of(model)
     inputs.check_compiled(model)
     training = inputs.check_learning_phase(learning_phase)
     unconnected = inputs.check_unconnected(unconnected)
-    params = inputs.check_params(model, params)
-    batch = inputs.check_batch(model, x, y, sample_weight)
+    wanted = targets.resolve(model, params)
     backend = _backend(model, flavour)
-    result = backend.gradients(model, flavour, Request(batch, params, training, bool(clip), class_weight))
-    missing = [p for p, g in zip(params, result.grads) if g is None]
-    if missing and unconnected == "raise":
-        raise UnconnectedGradientError(
-            "params",
-            "params the loss depends on (or unconnected='zero')",
-            "no gradient for {}".format(", ".join(inputs.name_of(p) for p in missing)),
-        )
-    grads = [_zeros_like(p) if g is None else g for p, g in zip(params, result.grads)]
-    if not return_info:
-        return grads
-    finite = all(np.isfinite(g).all() for g in grads)
-    return grads, GradientInfo(result.loss, result.loss_scale, bool(finite))
+
+    def batch_gradients(x: Any, y: Any, sample_weight: Any) -> Tuple[List[Any], GradientInfo]:
+        batch = data.distributed_batch(x, y, sample_weight) or inputs.check_batch(model, x, y, sample_weight)
+        request = Request(batch, wanted.variables, wanted.tensors, training, bool(clip), class_weight, bool(sparse))
+        result = backend.gradients(model, flavour, request)
+        found = wanted.arrange(result.grads)
+        missing = [name for name, g in zip(wanted.names, found) if g is None]
+        if missing and unconnected == "raise":
+            raise UnconnectedGradientError("params", "params the loss depends on (or unconnected='zero')", "no gradient for {}".format(", ".join(missing)))
+        grads = [_zeros_like(p, batch.size) if g is None else g for p, g in zip(wanted.params, found)]
+        finite = all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads)
+        return grads, GradientInfo(result.loss, result.loss_scale, bool(finite))
+
+    if data.is_dataset(x):
+        data.check_dataset_arguments(y, sample_weight, sparse)
+        grads, loss, loss_scale, finite = data.over_dataset(model, flavour.root, x, steps, verbose, batch_gradients)
+        info = GradientInfo(loss, loss_scale, finite)
+    else:
+        data.check_not_dataset_arguments(steps)
+        grads, info = batch_gradients(x, y, sample_weight)
+    output: Any = dict(zip(wanted.names, grads)) if as_dict else grads
+    return (output, info) if return_info else output
 
 
-def _zeros_like(variable: Any) -> np.ndarray:
-    dtype = getattr(variable.dtype, "as_numpy_dtype", variable.dtype)
-    return np.zeros(tuple(variable.shape), dtype=dtype)
+def _zeros_like(param: Any, batch_size: int) -> np.ndarray:
+    """Zeros for an unconnected variable, or for an unconnected tensor of this batch."""
+    dtype = getattr(param.dtype, "as_numpy_dtype", param.dtype)
+    shape = param.shape.as_list() if hasattr(param.shape, "as_list") else list(param.shape)
+    if shape and shape[0] is None:  # a graph tensor: the batch comes first
+        shape[0] = batch_size
+    if any(d is None for d in shape):
+        raise UnconnectedGradientError("params", "a tensor of known shape to fill with zeros", "{} of shape {}".format(inputs.name_of(param), tuple(param.shape)))
+    return np.zeros(shape, dtype=dtype)
 
 
 def _backend(model: Any, flavour: Flavour) -> Any:

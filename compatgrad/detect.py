@@ -32,6 +32,15 @@ def flavour_of(model: object) -> Flavour:
     )
 
 
+def model_class(model: object) -> type:
+    """The ``Model`` class of the model's Keras: calling it with inputs and outputs builds a functional model."""
+    for cls in type(model).__mro__:
+        module = getattr(cls, "__module__", "") or ""
+        if cls.__name__ == "Model" and (_KERAS3.match(module) or _KERAS2.match(module)):
+            return cls
+    raise UnsupportedModelError("model: no Keras Model class among the bases of {}".format(type(model).__name__))
+
+
 def _keras2_flavour(model: object, root: str, v1: bool) -> Flavour:
     tf = sys.modules.get("tensorflow")
     # Standalone Keras 2.2/2.3 layers are plain Python objects; every tf.keras layer is a tf.Module.

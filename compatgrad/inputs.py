@@ -2,7 +2,7 @@
 
 Everything here only reads the model: a bad argument raises before any backend touches it.
 """
-from typing import Any, List, NamedTuple, Optional, Sequence
+from typing import Any, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -16,6 +16,7 @@ class Batch(NamedTuple):
     y: Structure
     # None, one array for every output, or a list in output order (entries may be None).
     sample_weight: Optional[Structure]
+    size: int  # the batch size
 
 
 def check_compiled(model: Any) -> None:
@@ -68,22 +69,7 @@ def check_batch(model: Any, x: Structure, y: Structure, sample_weight: Optional[
         raise InvalidArgumentError("x", "at least one array", repr(x))
     if len(set(sizes.values())) > 1:
         raise InvalidArgumentError("x, y, sample_weight", "one batch size for every array", ", ".join("{} has {}".format(k, v) for k, v in sizes.items()))
-    return Batch(x, y, sample_weight)
-
-
-def check_params(model: Any, params: Optional[Sequence[Any]]) -> List[Any]:
-    if params is None:
-        params = model.trainable_weights
-        if not params:
-            raise InvalidArgumentError("params", "a model with trainable weights (is it built?)", "none")
-        return list(params)
-    if not isinstance(params, (list, tuple)):
-        raise InvalidTypeError("params", "a list of the model's variables", type(params).__name__)
-    owned = {id(v) for v in model.weights}
-    for index, param in enumerate(params):
-        if id(param) not in owned:
-            raise InvalidArgumentError("params[{}]".format(index), "a variable of this model", _name(param))
-    return list(params)
+    return Batch(x, y, sample_weight, next(iter(sizes.values())))
 
 
 def _check_count(argument: str, value: Structure, expected: int, what: str) -> None:
@@ -143,8 +129,3 @@ def _describe(value: Any) -> str:
 def name_of(variable: Any) -> str:
     """Keras 3 names are bare ("kernel") and collide; its ``path`` ("dense/kernel") does not."""
     return str(getattr(variable, "path", None) or getattr(variable, "name", None) or repr(variable))
-
-
-def _name(variable: Any) -> str:
-    return "{} ({})".format(name_of(variable), type(variable).__name__)
-

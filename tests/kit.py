@@ -19,6 +19,17 @@ GRAPH = MODE == "graph"
 if GRAPH and not TF1:
     tf.compat.v1.disable_eager_execution()
 
+
+def _two_logical_cpus():
+    """Eager cells split the CPU in two devices, before TensorFlow starts, for MirroredStrategy tests."""
+    configure = getattr(tf.config, "set_logical_device_configuration", None) or tf.config.experimental.set_virtual_device_configuration
+    configuration = getattr(tf.config, "LogicalDeviceConfiguration", None) or tf.config.experimental.VirtualDeviceConfiguration
+    configure(tf.config.list_physical_devices("CPU")[0], [configuration(), configuration()])
+
+
+if not GRAPH:
+    _two_logical_cpus()
+
 keras = tf.keras if FLAVOUR == "tf.keras" else importlib.import_module("keras" if FLAVOUR == "keras3" else FLAVOUR)
 backend = keras.backend
 KERAS3 = keras.Model.__module__.endswith(".models.model")  # also tf.keras on TF >= 2.16
@@ -90,6 +101,33 @@ def reference_gradients(model, x, y, weights, training):
         else:
             loss = model.compiled_loss(y, y_pred, regularization_losses=model.losses)
     return [np.array(g) for g in tape.gradient(loss, list(weights))]
+
+
+def session():
+    """Graph mode: the session holding the models' variables (the public backend may not export get_session)."""
+    return importlib.import_module(keras.Model.__module__.split(".engine")[0] + ".backend").get_session()
+
+
+def hand_gradients(forward, xs, y, wanted):
+    """d mean((forward(x) - y)**2) / d [what ``wanted(x, tensors)`` picks], written by hand for each mode.
+
+    ``forward(xs) -> (prediction, {name: tensor})`` calls the model's layers directly, so no
+    compatgrad code is involved; ``wanted`` names the tensors, or "x0", "x1", ... for the inputs.
+    """
+    if GRAPH:
+        placeholders = [tf.compat.v1.placeholder(x.dtype, shape=(None,) + x.shape[1:]) for x in xs]
+        prediction, tensors = forward(placeholders)
+        tensors.update(("x{}".format(i), p) for i, p in enumerate(placeholders))
+        loss = tf.reduce_mean(tf.square(prediction - y))
+        gradients = tf.gradients(loss, [tensors[name] for name in wanted])
+        return session().run(gradients, dict(zip(placeholders, xs)))
+    constants = [tf.constant(x) for x in xs]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(constants)
+        prediction, tensors = forward(constants)
+        tensors.update(("x{}".format(i), c) for i, c in enumerate(constants))
+        loss = tf.reduce_mean(tf.square(prediction - y))
+    return [np.array(g) for g in tape.gradient(loss, [tensors[name] for name in wanted])]
 
 
 def max_difference(a, b):

@@ -8,14 +8,17 @@ class Request(NamedTuple):
     """What every backend is asked for, validated by the front door."""
 
     batch: Batch
-    params: Sequence[Any]
+    params: Sequence[Any]  # variables
+    tensors: Sequence[Any]  # graph tensors: layer outputs, model inputs
     training: bool  # learning phase 1
     clip: bool
     class_weight: Optional[Dict[Any, float]]
+    sparse: bool  # keep tf.IndexedSlices gradients sparse
 
 
 class Result(NamedTuple):
-    """What every backend returns: gradients (None where unconnected), the unscaled loss, the loss scale."""
+    """What every backend returns: gradients for params then tensors, as numpy arrays or SparseGradient
+    (None where unconnected), the unscaled loss, the loss scale."""
 
     grads: List[Optional[Any]]
     loss: float

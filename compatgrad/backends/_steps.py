@@ -33,17 +33,23 @@ class Steps:
     def stages(self, present: List[int], updated: List[int]) -> List[Tuple[Callable[[Pairs], List[Any]], List[int]]]:
         raise NotImplementedError
 
-    def gradients(self, scaled_loss: Any, params: Sequence[Any], trainable: Sequence[Any], gradient: Gradient, clip: bool) -> List[Optional[Any]]:
-        """What the training step hands to the update, for ``params``; None where the loss does not depend on one.
+    def gradients(
+        self, scaled_loss: Any, params: Sequence[Any], trainable: Sequence[Any], gradient: Gradient, clip: bool,
+        tensors: Sequence[Any] = (), sparse: bool = False,
+    ) -> List[Optional[Any]]:
+        """What the training step hands to the update, for ``params`` then ``tensors``; None where unconnected.
 
         ``scaled_loss`` is ``self.scale(loss)``, computed where ``gradient`` sees it (inside the tape).
-        Params the optimizer does not update (non-trainable variables) come unscaled and aggregated, unclipped.
+        Params the optimizer does not update (non-trainable variables) come unscaled and aggregated,
+        unclipped; graph tensors (activations, inputs) come unscaled only: they belong to this replica.
+        ``tf.IndexedSlices`` (embedding gradients) stay sparse with ``sparse``, else become dense.
         """
         param_ids = {id(p) for p in params}
         wrt = list(params)
         if clip and self.clips:
             wrt += [v for v in trainable if id(v) not in param_ids]
-        grads = self.unscale(list(gradient(scaled_loss, wrt)))
+        grads = self.unscale(list(gradient(scaled_loss, wrt + list(tensors))))
+        tensor_grads, grads = grads[len(wrt):], grads[: len(wrt)]
 
         present = [i for i, g in enumerate(grads) if g is not None]
         trainable_ids = {id(v) for v in trainable}
@@ -52,7 +58,8 @@ class Steps:
             if indices:
                 for i, g in zip(indices, stage([(grads[i], wrt[i]) for i in indices])):
                     grads[i] = g
-        return [None if g is None else tf.convert_to_tensor(g) for g in grads[: len(params)]]
+        grads = grads[: len(params)] + tensor_grads
+        return grads if sparse else [None if g is None else tf.convert_to_tensor(g) for g in grads]
 
 
 _KERAS2_CLIP_SETTINGS = ("clipnorm", "clipvalue", "global_clipnorm", "_clipnorm", "_clipvalue", "_global_clipnorm", "gradient_transformers")
@@ -117,23 +124,29 @@ def _standalone_keras_clip(optimizer: Any, grads: List[Any]) -> List[Any]:
 
 
 class Keras3Steps(Steps):
-    def __init__(self, optimizer: Any):
+    def __init__(self, optimizer: Any, all_reduce: bool = True):
         self.optimizer = optimizer
+        # Keras < 3.4 called _all_reduce_sum_gradients inside merge_call, where it does nothing:
+        # each replica applied its own gradient (and did not divide its loss by the replica count).
+        self.all_reduce = all_reduce
         self.inner = getattr(optimizer, "inner_optimizer", optimizer)
         self.clips = any(getattr(self.inner, name, None) for name in ("clipnorm", "global_clipnorm", "clipvalue"))
 
     def scale(self, loss: Any) -> Any:
         return self.optimizer.scale_loss(loss)
 
-    def unscale(self, grads: List[Any]) -> List[Any]:
-        """As ``LossScaleOptimizer.apply`` (its dynamic scale), then the inner ``apply`` (loss_scale_factor)."""
+    def loss_scales(self) -> List[Any]:
+        """What ``apply`` divides gradients by: the LossScaleOptimizer's dynamic scale, the inner loss_scale_factor."""
         scales = []
         if self.inner is not self.optimizer:
             # Before it is built, the scale in force is the initial one (so scale_loss says).
             scales.append(self.optimizer.dynamic_scale if self.optimizer.built else self.optimizer.initial_scale)
         if self.inner.loss_scale_factor is not None:
             scales.append(self.inner.loss_scale_factor)
-        for scale in scales:
+        return scales
+
+    def unscale(self, grads: List[Any]) -> List[Any]:
+        for scale in self.loss_scales():
             grads = [None if g is None else tf.convert_to_tensor(g) / tf.cast(scale, g.dtype) for g in grads]
         return grads
 
@@ -144,4 +157,6 @@ class Keras3Steps(Steps):
         return list(self.inner._clip_gradients([g for g, _ in pairs]))
 
     def aggregate(self, pairs: Pairs) -> List[Any]:
+        if not self.all_reduce:
+            return [g for g, _ in pairs]
         return [g for g, _ in self.inner._all_reduce_sum_gradients(pairs)]

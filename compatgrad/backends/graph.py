@@ -6,13 +6,14 @@ For standalone Keras 2.2/2.3, tf.keras on TF 1.x, and tf.keras / tf_keras v1 mod
 mean to ``train_on_batch``), and the function is fed exactly the model's feed lists.
 """
 import weakref
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
 from .. import _paths
 from .._cache import cached
+from ..arrays import SparseGradient, is_sparse
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, ModeError, UnsupportedModelError
 from ..inputs import Batch
@@ -21,7 +22,7 @@ from ._steps import Keras2Steps
 
 
 def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
-    batch, params, training, clip, class_weight = request
+    batch, training, class_weight = request.batch, request.training, request.class_weight
     if not hasattr(model.optimizer, "get_updates"):
         raise ModeError(
             "model.optimizer: graph mode trains through get_updates, which only the legacy optimizers have; "
@@ -46,23 +47,39 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     if len(feeds) != len(values):  # a positional mismatch would feed arrays into the wrong placeholders
         raise UnsupportedModelError("model: {} feeds but {} values after standardization; please report this model".format(len(feeds), len(values)))
 
-    key = ("graph", tuple(id(p) for p in params), clip, tuple(id(f) for f in feeds))
+    key = ("graph", tuple(id(p) for p in request.params), tuple(id(t) for t in request.tensors), request.clip, request.sparse, tuple(id(f) for f in feeds))
     state = (model.total_loss, model.optimizer)
-    connected, function = cached(model, key, state, lambda: _build(weakref.ref(model), K, params, feeds, clip))
+    kinds, function = cached(model, key, state, lambda: _build(weakref.ref(model), K, feeds, request))
     loss, loss_scale, *fetched = function(values)
-    grads = iter(fetched)
-    return Result([np.asarray(next(grads)) if is_connected else None for is_connected in connected], float(loss), float(loss_scale))
+    return Result(_unpack(kinds, fetched), float(loss), float(loss_scale))
 
 
-def _build(model_ref: "weakref.ref", K: Any, params: Sequence[Any], feeds: List[Any], clip: bool) -> tuple:
-    """(which params the loss depends on, a K.function fetching loss, loss scale and their gradients)."""
+def _build(model_ref: "weakref.ref", K: Any, feeds: List[Any], request: Request) -> tuple:
+    """(per gradient: None, "dense" or "sparse"; a K.function fetching loss, loss scale and the gradients).
+
+    A sparse gradient is fetched as its three parts: K.function fetches tensors only.
+    """
     model = model_ref()
     loss = model.total_loss
     with loss.graph.as_default():
         steps = Keras2Steps(model.optimizer)
-        grads = steps.gradients(steps.scale(loss), params, model.trainable_weights, K.gradients, clip)
-        fetches = [loss, steps.scale(tf.ones_like(loss))] + [g for g in grads if g is not None]
-        return [g is not None for g in grads], K.function(feeds, fetches)
+        grads = steps.gradients(steps.scale(loss), request.params, model.trainable_weights, K.gradients, request.clip, request.tensors, request.sparse)
+        kinds = [None if g is None else "sparse" if is_sparse(g) else "dense" for g in grads]
+        fetches = [loss, steps.scale(tf.ones_like(loss))]
+        for g, kind in zip(grads, kinds):
+            fetches += [g.values, g.indices, g.dense_shape] if kind == "sparse" else [g] if kind else []
+        return kinds, K.function(feeds, fetches)
+
+
+def _unpack(kinds: List[Optional[str]], fetched: List[Any]) -> List[Any]:
+    values = iter(fetched)
+    grads = []
+    for kind in kinds:
+        if kind == "sparse":
+            grads.append(SparseGradient(np.asarray(next(values)), np.asarray(next(values)), tuple(int(d) for d in next(values))))
+        else:
+            grads.append(np.asarray(next(values)) if kind else None)
+    return grads
 
 
 def _standardize(model: Any, batch: Batch, class_weight: Optional[Dict[Any, float]]) -> tuple:

@@ -5,21 +5,24 @@ The batch goes through the version's own data adapter, the loss is ``compute_los
 own scale -> gradient -> unscale -> aggregate -> clip. The step is one cached ``tf.function``.
 """
 import weakref
-from typing import Any, Sequence
+from typing import Any, Optional
 
 import tensorflow as tf
 
 from .. import _paths
 from .._cache import cached
+from ..arrays import to_numpy
 from ..detect import Flavour
 from ..errors import InvalidArgumentError
 from . import Request, Result
+from ._distribute import distributed_step, strategy_of
+from ._forward import Forward
 from ._state import PreservedState
 from ._steps import Keras2Steps
 
 
 def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
-    batch, params, training, clip, class_weight = request
+    batch, class_weight = request.batch, request.class_weight
     adapter = _paths.load(flavour.root, "data_adapter")
     # As single_batch_iterator prepares the batch for train_on_batch, minus the tf.data round trip.
     x, y, sample_weight = adapter._process_tensorlike((batch.x, batch.y, batch.sample_weight))
@@ -31,15 +34,18 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
             raise InvalidArgumentError("class_weight", "a dict {class index: weight} for a single-output model", str(error)) from error
 
     trainable = model.trainable_variables
-    key = ("keras2", tuple(id(p) for p in params), tuple(id(v) for v in trainable), training, clip)
+    key = ("keras2", tuple(id(p) for p in request.params), tuple(id(t) for t in request.tensors),
+           tuple(id(v) for v in trainable), request.training, request.clip, request.sparse)
     state = (model.optimizer, model.compiled_loss)
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, params, training, clip))
+    step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, Forward(model, request.tensors), request, strategy_of(model)))
     grads, loss, loss_scale = step(x, y, sample_weight)
-    return Result([None if g is None else g.numpy() for g in grads], float(loss), float(loss_scale))
+    return Result([to_numpy(g) for g in grads], float(loss), float(loss_scale))
 
 
-def _build(model_ref: "weakref.ref", adapter: Any, params: Sequence[Any], training: bool, clip: bool) -> Any:
-    def step(x: Any, y: Any, sample_weight: Any) -> tuple:
+def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Request, strategy: Optional[Any]) -> Any:
+    params, training = request.params, request.training
+
+    def step(x: Any, y: Any, sample_weight: Any = None) -> tuple:
         model = model_ref()
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
         if hasattr(adapter, "expand_1d"):  # train_step of TF 2.2-2.6 expands 1-D arrays
@@ -50,13 +56,15 @@ def _build(model_ref: "weakref.ref", adapter: Any, params: Sequence[Any], traini
         preserved = PreservedState(model, training)
         with tf.GradientTape() as tape:
             tape.watch(params)  # non-trainable params are not watched by default
-            y_pred = model(x, training=training)
+            activations, y_pred = forward(model, tape, x, training)
             loss = _loss(model, x, y, y_pred, sample_weight)
             scaled_loss = steps.scale(loss)
-        grads = steps.gradients(scaled_loss, params, model.trainable_variables, tape.gradient, clip)
+        grads = steps.gradients(scaled_loss, params, model.trainable_variables, tape.gradient, request.clip, activations, request.sparse)
         preserved.restore()
         return grads, loss, steps.scale(tf.ones_like(loss))
 
+    if strategy is not None:  # as single_batch_iterator: the batch split across the replicas
+        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), "concat"))
     return _paths.relaxed_function(step)
 
 

@@ -4,21 +4,24 @@ The loss is ``_compute_loss(..., training=)`` (3.4+) or ``compute_loss``, scaled
 ``scale_loss``; gradients are unscaled, clipped and aggregated as ``BaseOptimizer.apply`` does.
 """
 import weakref
-from typing import Any, Sequence
+from typing import Any, Optional
 
 import tensorflow as tf
 
 from .. import _paths
 from .._cache import cached
+from ..arrays import to_numpy
 from ..detect import Flavour
 from ..errors import InvalidArgumentError
 from . import Request, Result
+from ._distribute import distributed_step, is_distributed, strategy_of
+from ._forward import Forward
 from ._state import PreservedState
 from ._steps import Keras3Steps
 
 
 def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
-    batch, params, training, clip, class_weight = request
+    batch, class_weight = request.batch, request.class_weight
     x, y, sample_weight = tf.nest.map_structure(_to_tensor, (batch.x, batch.y, batch.sample_weight))
     if class_weight:
         if sample_weight is not None:
@@ -28,31 +31,38 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
 
     # An unbuilt LossScaleOptimizer scales by its initial scale, a built one by its dynamic scale variable.
     built = model.optimizer.built
-    key = ("keras3", tuple(id(p) for p in params), tuple(id(v) for v in model.trainable_weights), training, clip, built)
+    key = ("keras3", tuple(id(p) for p in request.params), tuple(id(t) for t in request.tensors),
+           tuple(id(v) for v in model.trainable_weights), request.training, request.clip, request.sparse, built)
     state = (model.optimizer, model._compile_loss)
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), params, training, clip))
+    all_reduce = hasattr(_paths.load(flavour.root, "losses"), "scale_loss_for_distribution")
+    step = cached(model, key, state, lambda: _build(weakref.ref(model), Forward(model, request.tensors), request, strategy_of(model), all_reduce))
     grads, loss, loss_scale = step(x, y, sample_weight)
-    return Result([None if g is None else g.numpy() for g in grads], float(loss), float(loss_scale))
+    return Result([to_numpy(g) for g in grads], float(loss), float(loss_scale))
 
 
 def _to_tensor(value: Any) -> Any:
-    return value if value is None else tf.convert_to_tensor(value)
+    return value if value is None or is_distributed(value) else tf.convert_to_tensor(value)
 
 
-def _build(model_ref: "weakref.ref", params: Sequence[Any], training: bool, clip: bool) -> Any:
-    def step(x: Any, y: Any, sample_weight: Any) -> tuple:
+def _build(model_ref: "weakref.ref", forward: Forward, request: Request, strategy: Optional[Any], all_reduce: bool) -> Any:
+    params, training = request.params, request.training
+
+    def step(x: Any, y: Any, sample_weight: Any = None) -> tuple:
         model = model_ref()
-        steps = Keras3Steps(model.optimizer)
+        steps = Keras3Steps(model.optimizer, all_reduce)
         preserved = PreservedState(model, training)
         with tf.GradientTape() as tape:
             tape.watch([p.value for p in params])  # non-trainable params are not watched by default
-            y_pred = model(x, training=training) if model._call_has_training_arg else model(x)
+            activations, y_pred = forward(model, tape, x, training)
             loss = _loss(model, x, y, y_pred, sample_weight, training)
             scaled_loss = steps.scale(loss)
-        grads = steps.gradients(scaled_loss, params, model.trainable_weights, tape.gradient, clip)
+        grads = steps.gradients(scaled_loss, params, model.trainable_weights, tape.gradient, request.clip, activations, request.sparse)
         preserved.restore()
         return grads, loss, steps.scale(tf.ones_like(loss))
 
+    if strategy is not None:  # as train_on_batch: every replica gets the whole batch
+        combine = "sum" if all_reduce else "first"  # each replica's share of the loss, or all of it
+        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), combine))
     return _paths.relaxed_function(step)
 
 

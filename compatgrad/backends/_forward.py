@@ -1,0 +1,28 @@
+"""The forward pass of an eager step: the model itself, or its extraction view when tensors are wanted."""
+from typing import Any, List, Sequence, Tuple
+
+import tensorflow as tf
+
+from ..detect import model_class
+from ..targets import extraction_view, output_structure
+
+
+class Forward:
+    """``forward(model, tape, x, training) -> (activations, y_pred)``; activations follow ``tensors``.
+
+    The view shares the model's layers and variables, so its forward pass is the model's. The
+    inputs are watched, so a tensor that depends on no trainable variable still gets a gradient.
+    """
+
+    def __init__(self, model: Any, tensors: Sequence[Any]):
+        self.count = len(tensors)
+        self.outputs = output_structure(model) if tensors else None
+        self.view = extraction_view(model, model_class(model), tuple(tensors), tf.nest.flatten(self.outputs)) if tensors else None
+
+    def __call__(self, model: Any, tape: tf.GradientTape, x: Any, training: bool) -> Tuple[List[Any], Any]:
+        if self.view is None:
+            takes_training = getattr(model, "_call_has_training_arg", True)  # Keras 3 models may not take it
+            return [], model(x, training=training) if takes_training else model(x)
+        tape.watch([t for t in tf.nest.flatten(x) if t.dtype.is_floating])
+        flat = list(self.view(x, training=training))
+        return flat[: self.count], tf.nest.pack_sequence_as(self.outputs, flat[self.count:])

@@ -1,0 +1,161 @@
+"""Gradients over a whole dataset: batch by batch, as a running sum, so memory stays at one batch.
+
+A batch's loss averages over its examples (Keras' default reduction), so the loss over the
+concatenated data weighs each batch by its size: sum_b n_b * g_b / sum_b n_b, regularization
+losses included once. A loss reduced with SUM adds up over batches instead: sum_b g_b.
+"""
+import inspect
+import sys
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from . import _paths
+from .errors import InvalidArgumentError
+from .inputs import Batch
+
+BatchGradients = Callable[[Any, Any, Any], Tuple[List[Any], Any]]  # (x, y, sample_weight) -> (grads, GradientInfo)
+
+
+def is_dataset(x: Any) -> bool:
+    """A tf.data.Dataset (or a distributed one), a Keras Sequence / PyDataset, or an iterator of batches."""
+    tf = sys.modules.get("tensorflow")
+    if (tf is not None and isinstance(x, tf.data.Dataset)) or _is_distributed_dataset(x):
+        return True
+    if inspect.isgenerator(x) or (hasattr(x, "__next__") and hasattr(x, "__iter__")):
+        return True
+    return _is_keras_sequence(x)
+
+
+def over_dataset(model: Any, root: str, dataset: Any, steps: Optional[int], verbose: int, batch_gradients: BatchGradients) -> Tuple[List[Any], float, float, bool]:
+    """(gradients, loss, last loss scale, all finite) over the dataset's batches, the first ``steps`` of them."""
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise InvalidArgumentError("steps", "None or a positive number of batches", repr(steps))
+    total = _length(dataset)
+    if total == -1 and steps is None:
+        raise InvalidArgumentError("steps", "a number of batches for an infinite dataset", "None")
+    target = steps if steps is not None else (total if total is not None and total >= 0 else None)
+    progress = _paths.load(root, "progbar").Progbar(target) if verbose else None
+    summed = _sum_reduced(model)
+
+    sums: Optional[List[np.ndarray]] = None
+    examples, loss_sum, finite, scale = 0, 0.0, True, 1.0
+    for count, (x, y, sample_weight) in enumerate(_batches(model, root, dataset, steps), 1):
+        grads, info = batch_gradients(x, y, sample_weight)
+        size = batch_size(x)
+        weight = 1.0 if summed else float(size)
+        weighted = [weight * np.asarray(g, np.float64) for g in grads]
+        sums = weighted if sums is None else [s + w for s, w in zip(sums, weighted)]
+        examples += size
+        loss_sum += weight * info.loss
+        finite, scale = finite and info.all_finite, info.loss_scale
+        if progress is not None:
+            progress.update(count)
+    if sums is None:
+        raise InvalidArgumentError("x", "a dataset with at least one batch", "an empty one")
+    divisor = 1.0 if summed else float(examples)
+    return [(s / divisor).astype(np.asarray(g).dtype) for s, g in zip(sums, grads)], loss_sum / divisor, scale, finite
+
+
+def _batches(model: Any, root: str, dataset: Any, steps: Optional[int]) -> Iterator[tuple]:
+    for index, element in enumerate(_elements(model, root, dataset)):
+        if steps is not None and index >= steps:
+            return
+        yield _unpack(element)
+
+
+def _elements(model: Any, root: str, dataset: Any) -> Iterator[Any]:
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(dataset, tf.data.Dataset) and not tf.executing_eagerly():
+        # Graph mode: one iterator op per pass, its batches fetched in the model's session.
+        next_element = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        session = _paths.load(root, "backend").get_session()
+        while True:
+            try:
+                yield session.run(next_element)
+            except tf.errors.OutOfRangeError:
+                return
+    elif _is_keras_sequence(dataset):
+        for index in range(len(dataset)):
+            yield dataset[index]
+    else:
+        yield from dataset
+
+
+def _unpack(element: Any) -> tuple:
+    if not isinstance(element, (tuple, list)) or len(element) not in (2, 3):
+        raise InvalidArgumentError("x", "a dataset yielding (x, y) or (x, y, sample_weight)", type(element).__name__)
+    return (tuple(element) + (None,))[:3]
+
+
+def distributed_batch(x: Any, y: Any, sample_weight: Any) -> Optional[Batch]:
+    """A batch of a distributed dataset (one part per replica) as it is; None for any other batch."""
+    parts = _per_replica_parts(x)
+    return None if parts is None else Batch(x, y, sample_weight, sum(int(part.shape[0]) for part in parts))
+
+
+def batch_size(x: Any) -> int:
+    """Rows in the first input array; a distributed batch counts this worker's replicas together."""
+    parts = _per_replica_parts(x)
+    return sum(int(part.shape[0]) for part in parts) if parts is not None else int(_first_leaf(x).shape[0])
+
+
+def _first_leaf(x: Any) -> Any:
+    while isinstance(x, (list, tuple, dict)):
+        x = next(iter(x.values())) if isinstance(x, dict) else x[0]
+    return x
+
+
+def _per_replica_parts(x: Any) -> Optional[tuple]:
+    tf = sys.modules.get("tensorflow")
+    leaf = _first_leaf(x)
+    if tf is None or not isinstance(leaf, getattr(tf.distribute, "DistributedValues", ())):
+        return None
+    return tuple(leaf.values)
+
+
+def _length(dataset: Any) -> Optional[int]:
+    """Batches in the dataset if known; -1 for an infinite tf.data.Dataset."""
+    if _is_keras_sequence(dataset):
+        return len(dataset)
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(dataset, tf.data.Dataset) and tf.executing_eagerly():
+        cardinality = int(tf.data.experimental.cardinality(dataset))
+        return -1 if cardinality == int(tf.data.experimental.INFINITE_CARDINALITY) else cardinality if cardinality >= 0 else None
+    return None
+
+
+def _sum_reduced(model: Any) -> bool:
+    """Whether the compiled losses are reduced with SUM (all of them; a mix cannot be summed over batches)."""
+    losses = getattr(model, "loss", None)
+    leaves = list(losses.values()) if isinstance(losses, dict) else list(losses) if isinstance(losses, (list, tuple)) else [losses]
+    sums = [getattr(loss, "reduction", None) == "sum" for loss in leaves if loss is not None]
+    if any(sums) and not all(sums):
+        raise InvalidArgumentError("model", "losses all averaged over the batch or all summed, to add up over batches", "a mix")
+    if any(sums) and model.losses:
+        raise InvalidArgumentError("model", "no regularization losses next to a SUM-reduced loss over a dataset (they would count once per batch)",
+                                   "{} regularization losses".format(len(model.losses)))
+    return bool(sums) and all(sums)
+
+
+def check_dataset_arguments(y: Any, sample_weight: Any, sparse: bool) -> None:
+    for name, value in (("y", y), ("sample_weight", sample_weight)):
+        if value is not None:
+            raise InvalidArgumentError(name, "None when x is a dataset (it yields (x, y) or (x, y, sample_weight))", type(value).__name__)
+    if sparse:
+        raise InvalidArgumentError("sparse", "False with a dataset (the sum over batches is kept dense)", True)
+
+
+def check_not_dataset_arguments(steps: Optional[int]) -> None:
+    if steps is not None:
+        raise InvalidArgumentError("steps", "None unless x is a dataset, generator or Sequence", repr(steps))
+
+
+def _is_keras_sequence(x: Any) -> bool:
+    return any(cls.__name__ in ("Sequence", "PyDataset") and "keras" in (cls.__module__ or "") for cls in type(x).__mro__)
+
+
+def _is_distributed_dataset(x: Any) -> bool:
+    """``strategy.experimental_distribute_dataset``'s result (public as tf.distribute.DistributedDataset from TF 2.4)."""
+    return any(cls.__name__.startswith("DistributedDataset") for cls in type(x).__mro__)
+

@@ -1,0 +1,133 @@
+"""Masking gradients, and freezing entries of a variable so that no optimizer moves them.
+
+A zero gradient does not freeze an entry: momentum, Adam's moments and decoupled weight decay
+(AdamW) still move it. ``freeze`` instead wraps the variable's constraint, which every Keras
+optimizer applies after its update (OptimizerV2, the 2.11+ optimizers, Keras 3, standalone
+Keras 2.2/2.3): the frozen entries are put back to their saved values, bit for bit.
+"""
+import sys
+from typing import Any, Callable, List, Optional, Sequence
+
+import numpy as np
+
+from .arrays import SparseGradient
+from .errors import InvalidArgumentError, InvalidTypeError
+from .inputs import name_of
+
+
+def mask_gradients(grads: Sequence[Any], masks: Sequence[Any]) -> List[Any]:
+    """``grads[i] * masks[i]`` for each i, as new arrays; a ``None`` mask leaves its gradient as it is.
+
+    Each mask must broadcast to its gradient's shape without changing it (a (2,) mask on a (5, 2)
+    kernel masks its columns). A SparseGradient is masked row by row, as its dense form would be.
+    """
+    grads = _sequence("grads", grads)
+    masks = _sequence("masks", masks)
+    if len(masks) != len(grads):
+        raise InvalidArgumentError("masks", "{} masks, one per gradient (None to leave one as it is)".format(len(grads)), "{} masks".format(len(masks)))
+    masked = []
+    for index, (grad, mask) in enumerate(zip(grads, masks)):
+        if mask is None or grad is None:
+            masked.append(grad)
+            continue
+        shape = tuple(grad.dense_shape) if isinstance(grad, SparseGradient) else np.shape(grad)
+        mask = broadcast_mask("masks[{}]".format(index), mask, shape)
+        if isinstance(grad, SparseGradient):
+            masked.append(grad._replace(values=(grad.values * mask[grad.indices]).astype(grad.values.dtype)))
+        else:
+            grad = np.asarray(grad)
+            masked.append((grad * mask).astype(grad.dtype))
+    return masked
+
+
+def freeze(variable: Any, mask: Any) -> None:
+    """Keep ``variable``'s entries where ``mask`` is True at their current values under any optimizer.
+
+    ``mask`` is boolean and broadcasts to the variable's shape. The variable's own constraint, if
+    any, still applies to the other entries; freezing again adds entries, ``unfreeze`` undoes it.
+    In graph mode the constraint enters the update ops when they are built: freeze before the
+    first training step (or ``compatgrad.apply_gradients``, which rebuilds its update op).
+    """
+    shape = tuple(variable.shape.as_list()) if hasattr(variable.shape, "as_list") else tuple(variable.shape)
+    mask = broadcast_mask("mask", mask, shape)
+    if mask.dtype != np.bool_:
+        raise InvalidTypeError("mask", "a boolean mask (True: frozen)", "dtype {}".format(mask.dtype))
+    current = getattr(variable, "constraint", None)
+    if isinstance(current, _Frozen):
+        mask = mask | current.mask
+        current = current.previous
+    _set_constraint(variable, _Frozen(mask, _read(variable), current))
+
+
+def unfreeze(variable: Any) -> None:
+    """Give ``variable`` back the constraint it had before ``freeze``."""
+    current = getattr(variable, "constraint", None)
+    if not isinstance(current, _Frozen):
+        raise InvalidArgumentError("variable", "a variable frozen by compatgrad.freeze", name_of(variable))
+    _set_constraint(variable, current.previous)
+
+
+class _Frozen:
+    """The constraint ``freeze`` installs: the previous constraint, then the frozen entries put back."""
+
+    def __init__(self, mask: np.ndarray, values: np.ndarray, previous: Optional[Callable[[Any], Any]]):
+        self.mask = mask
+        self.values = values
+        self.previous = previous
+
+    def __call__(self, value: Any) -> Any:
+        import tensorflow as tf
+
+        if self.previous is not None:
+            value = self.previous(value)
+        value = tf.convert_to_tensor(value)
+        return tf.where(tf.constant(self.mask), tf.constant(self.values, dtype=value.dtype), value)
+
+
+def broadcast_mask(argument: str, mask: Any, shape: tuple) -> np.ndarray:
+    """``mask`` as an array of ``shape``; it may broadcast, but not change the shape."""
+    mask = np.asarray(mask)
+    try:
+        return np.broadcast_to(mask, tuple(shape))
+    except ValueError:
+        raise InvalidArgumentError(argument, "a mask that broadcasts to shape {}".format(tuple(shape)), "shape {}".format(mask.shape)) from None
+
+
+def _sequence(argument: str, value: Any) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise InvalidTypeError(argument, "a list with one entry per variable", type(value).__name__)
+    return list(value)
+
+
+def _set_constraint(variable: Any, constraint: Any) -> None:
+    # Through the private attribute: tf.Variable's property is read-only, Keras 3.3's setter takes
+    # Constraint instances only. AutoCastVariable (Keras 2 mixed precision) wraps the real variable.
+    target = getattr(variable, "_variable", variable) if type(variable).__name__ == "AutoCastVariable" else variable
+    if hasattr(target, "_constraint"):
+        target._constraint = constraint
+    if getattr(variable, "constraint", None) is not constraint:
+        raise InvalidTypeError("variable", "a TensorFlow or Keras variable with a constraint", type(variable).__name__)
+
+
+def _read(variable: Any) -> np.ndarray:
+    """The variable's value now: eagerly, or in the session that holds it (graph mode)."""
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return np.array(variable.numpy() if hasattr(variable, "numpy") else variable)
+    return np.array(graph_session(variable).run(variable))
+
+
+def graph_session(variable: Any) -> Any:
+    """The default session if one is set, else the session of the Keras whose graph holds ``variable``."""
+    import tensorflow as tf
+
+    session = tf.compat.v1.get_default_session()
+    if session is not None and session.graph is variable.graph:
+        return session
+    for root in ("tf_keras.src", "tf_keras", "keras.src", "keras", "tensorflow.python.keras", "tensorflow_core.python.keras"):
+        backend = sys.modules.get(root + ".backend")
+        get_session = getattr(backend, "get_session", None)
+        if get_session is not None and getattr(backend, "get_graph", lambda: None)() is variable.graph:
+            return get_session()
+    raise InvalidArgumentError("variable", "a variable of the default session or of a Keras session (graph mode)", name_of(variable))

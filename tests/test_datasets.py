@@ -1,0 +1,100 @@
+"""Whole-dataset gradients equal the training step's gradient on the concatenated data."""
+import numpy as np
+import pytest
+
+import kit
+from compatgrad import errors, get_gradients
+
+layers = kit.keras.layers
+TOL = 1e-5
+SequenceBase = getattr(kit.keras.utils, "PyDataset", None) or kit.keras.utils.Sequence
+
+
+def regularized_model(loss="mse"):
+    model = kit.keras.Sequential([
+        layers.Dense(6, activation="tanh", input_shape=(5,), kernel_regularizer=kit.keras.regularizers.l2(0.05)),
+        layers.Dense(1),
+    ])
+    model.compile(kit.sgd(), loss)
+    return model
+
+
+def data(rng, n=40):
+    return rng.randn(n, 5).astype("float32"), rng.randn(n, 1).astype("float32"), rng.uniform(0, 2, size=n).astype("float32")
+
+
+class Batches(SequenceBase):
+    def __init__(self, arrays, batch_size):
+        super().__init__()
+        self.arrays, self.batch_size = arrays, batch_size
+
+    def __len__(self):
+        return -(-len(self.arrays[0]) // self.batch_size)
+
+    def __getitem__(self, index):
+        return tuple(a[index * self.batch_size:(index + 1) * self.batch_size] for a in self.arrays)
+
+
+def generator(arrays, batch_size):
+    for start in range(0, len(arrays[0]), batch_size):
+        yield tuple(a[start:start + batch_size] for a in arrays)
+
+
+def tf_dataset(arrays, batch_size):
+    return kit.tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)
+
+
+@pytest.mark.parametrize("source", [tf_dataset, generator, Batches], ids=["tf.data", "generator", "Sequence"])
+def test_uneven_batches_add_up_to_the_step_on_all_the_data(source, rng):
+    """Batches of 16, 16 and 8, sample weights and an L2 penalty counted once."""
+    x, y, weights = data(rng)
+    model = regularized_model()
+    grads = get_gradients(model, source((x, y, weights), 16), verbose=0)
+    assert kit.parity_difference(grads, kit.train_step_delta(model, x, y, sample_weight=weights)) <= TOL
+
+
+def test_steps_stops_early_and_the_loss_is_the_mean(rng):
+    x, y, _ = data(rng)
+    model = regularized_model()
+    grads, info = get_gradients(model, tf_dataset((x, y), 16), steps=2, verbose=0, return_info=True)
+    loss = float(np.ravel(model.test_on_batch(x[:32], y[:32]))[0])
+    assert abs(info.loss - loss) <= 1e-5 * max(1.0, abs(loss)) and info.all_finite
+    assert kit.parity_difference(grads, kit.train_step_delta(model, x[:32], y[:32])) <= TOL
+
+
+def test_sum_reduced_loss_adds_up_over_batches(rng):
+    x, y, _ = data(rng)
+    model = kit.keras.Sequential([layers.Dense(6, activation="tanh", input_shape=(5,)), layers.Dense(1)])
+    model.compile(kit.sgd(learning_rate=0.01), kit.keras.losses.MeanSquaredError(reduction="sum"))
+    grads = get_gradients(model, generator((x, y), 16), verbose=0)
+    delta = [d / 0.01 for d in kit.train_step_delta(model, x, y)]
+    assert kit.max_difference(grads, delta) <= 1e-3 * max(1.0, max(float(np.abs(d).max()) for d in delta))
+
+
+def test_progress_bar_unless_verbose_0(rng, capsys):
+    x, y, _ = data(rng)
+    model = regularized_model()
+    get_gradients(model, tf_dataset((x, y), 16), verbose=0)
+    assert capsys.readouterr().out == ""
+    get_gradients(model, Batches((x, y), 16))
+    assert "3/3" in capsys.readouterr().out
+
+
+def test_dataset_arguments_are_checked(rng):
+    x, y, _ = data(rng)
+    model = regularized_model()
+    with pytest.raises(errors.InvalidArgumentError, match="y: expected None when x is a dataset"):
+        get_gradients(model, generator((x, y), 16), y)
+    with pytest.raises(errors.InvalidArgumentError, match=r"x: expected a dataset yielding \(x, y\)"):
+        get_gradients(model, generator((x,), 16), verbose=0)
+    with pytest.raises(errors.InvalidArgumentError, match="steps: expected None unless x is a dataset"):
+        get_gradients(model, x, y, steps=2)
+    with pytest.raises(errors.InvalidArgumentError, match="x: expected a dataset with at least one batch"):
+        get_gradients(model, iter([]), verbose=0)
+    if not kit.GRAPH:
+        with pytest.raises(errors.InvalidArgumentError, match="steps: expected a number of batches for an infinite dataset"):
+            get_gradients(model, tf_dataset((x, y), 16).repeat(), verbose=0)
+        assert len(get_gradients(model, tf_dataset((x, y), 16).repeat(), steps=5, verbose=0)) == 4
+    summed = regularized_model(kit.keras.losses.MeanSquaredError(reduction="sum"))
+    with pytest.raises(errors.InvalidArgumentError, match="model: expected no regularization losses next to a SUM-reduced loss"):
+        get_gradients(summed, generator((x, y), 16), verbose=0)

@@ -1,0 +1,169 @@
+"""tf.distribute: the cross-replica gradient the step applies, equal to one device's on the same batch."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kit
+from compatgrad import errors, get_gradients, layer_outputs
+
+pytestmark = pytest.mark.skipif(kit.GRAPH, reason="distribution strategies: eager training steps only")
+layers = kit.keras.layers
+TOL = 1e-5
+
+
+def model_on(strategy=None, **optimizer_kwargs):
+    def build():
+        inputs = layers.Input(shape=(5,))
+        hidden = layers.Dense(8, activation="tanh", name="hidden")(inputs)
+        model = kit.keras.Model(inputs, layers.Dense(1)(hidden))
+        model.compile(kit.sgd(**optimizer_kwargs), "mse")
+        return model
+
+    if strategy is None:
+        return build()
+    with strategy.scope():
+        return build()
+
+
+def mirrored():
+    return kit.tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def data(rng, n=32):
+    return rng.randn(n, 5).astype("float32"), rng.randn(n, 1).astype("float32"), rng.uniform(0, 2, size=n).astype("float32")
+
+
+def all_reduces():
+    """Keras < 3.4 all-reduces inside merge_call, where it does nothing: each worker applies its own gradient."""
+    if not kit.KERAS3:
+        return True
+    import importlib
+
+    return hasattr(importlib.import_module(kit.keras.Model.__module__.split(".models")[0] + ".losses.loss"), "scale_loss_for_distribution")
+
+
+@pytest.mark.parametrize("optimizer_kwargs", [{}, {"clipnorm": 0.05}], ids=["plain", "clipnorm"])
+def test_mirrored_equals_one_device_and_its_own_step(optimizer_kwargs, rng):
+    x, y, weights = data(rng)
+    strategy = mirrored()
+    try:
+        distributed = model_on(strategy, **optimizer_kwargs)
+    except ValueError as error:  # TF 2.2-2.3: "Gradient clipping in the optimizer ... is currently unsupported"
+        pytest.skip(str(error))
+    single = model_on(**optimizer_kwargs)
+    single.set_weights(distributed.get_weights())
+    assert distributed.distribute_strategy.num_replicas_in_sync == 2
+    params = list(distributed.trainable_weights) + layer_outputs(distributed, ["hidden"])
+    grads = get_gradients(distributed, x, y, params, sample_weight=weights)
+    reference = get_gradients(single, x, y, list(single.trainable_weights) + layer_outputs(single, ["hidden"]), sample_weight=weights)
+    # Keras 3 clips each replica's part before the cross-replica sum: with clipping, not one device's gradient.
+    if not (kit.KERAS3 and optimizer_kwargs and all_reduces()):
+        assert kit.max_difference(grads, reference) <= TOL
+    else:
+        assert kit.max_difference(grads[4:], reference[4:]) <= TOL and kit.max_difference(grads[:4], reference[:4]) > 1e-3
+    assert kit.parity_difference(grads[:4], kit.train_step_delta(distributed, x, y, sample_weight=weights)) <= TOL
+
+
+def test_distributed_dataset_gives_the_same_gradient(rng):
+    if not all_reduces():
+        pytest.skip("Keras < 3.4 does not all-reduce: each replica applies the gradient of its own part of the batch")
+    x, y, weights = data(rng)
+    strategy = mirrored()
+    distributed, single = model_on(strategy), model_on()
+    single.set_weights(distributed.get_weights())
+    dataset = strategy.experimental_distribute_dataset(kit.tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(16))
+    grads = get_gradients(distributed, dataset, verbose=0)
+    assert kit.max_difference(grads, get_gradients(single, x, y, sample_weight=weights)) <= TOL
+    assert kit.parity_difference(grads, kit.train_step_delta(single, x, y, sample_weight=weights)) <= TOL
+
+
+def test_unsupported_strategy_is_refused(rng):
+    x, y, _ = data(rng, 8)
+    try:
+        model = model_on(kit.tf.distribute.experimental.CentralStorageStrategy())
+    except Exception as error:  # this Keras cannot build a model under it at all
+        pytest.skip("CentralStorageStrategy: {}".format(error))
+    with pytest.raises(errors.UnsupportedModelError, match="CentralStorageStrategy, which compatgrad does not support"):
+        get_gradients(model, x, y)
+
+
+PARAMETER_SERVER = """
+import importlib, os
+import numpy as np
+import tensorflow as tf
+import compatgrad
+
+flavour = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
+keras = tf.keras if flavour == "tf.keras" else importlib.import_module("keras" if flavour == "keras3" else flavour)
+cluster = tf.train.ClusterSpec({{"worker": ["127.0.0.1:{}"], "ps": ["127.0.0.1:{}"]}})
+servers = [tf.distribute.Server(cluster, job_name=job, task_index=0, protocol="grpc", start=True) for job in ("worker", "ps")]
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
+with tf.distribute.experimental.ParameterServerStrategy(resolver).scope():
+    model = keras.Sequential([keras.layers.Dense(1, input_shape=(3,))])
+    model.compile(keras.optimizers.SGD(1.0), "mse")
+try:
+    compatgrad.get_gradients(model, np.ones((4, 3), "float32"), np.ones((4, 1), "float32"))
+except compatgrad.errors.UnsupportedModelError as error:
+    print("refused:", error)
+"""
+
+
+@pytest.mark.skipif(not hasattr(kit.tf.distribute, "MultiWorkerMirroredStrategy"), reason="ParameterServerStrategy V2 arrived in TF 2.4")
+def test_parameter_server_strategy_is_refused():
+    """In a subprocess: connecting to the in-process cluster changes the eager context for good."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", PARAMETER_SERVER.format(*free_ports(2))], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, timeout=240)
+    output = result.stdout.decode(errors="replace")
+    assert result.returncode == 0 and "refused: model: built under ParameterServerStrategy" in output, output[-3000:]
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.skipif(not hasattr(kit.tf.distribute, "MultiWorkerMirroredStrategy"), reason="MultiWorkerMirroredStrategy is experimental before TF 2.4")
+def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
+    x, y, weights = data(rng)
+    single = model_on()
+    arrays = {"x": x, "y": y, "sample_weight": weights}
+    arrays.update(("w{}".format(i), w) for i, w in enumerate(single.get_weights()))
+    np.savez(str(tmp_path / "inputs.npz"), **arrays)
+    cluster = {"worker": ["127.0.0.1:{}".format(port) for port in free_ports(2)]}
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mwms_worker.py")
+    processes = []
+    for index in range(2):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(worker)), env.get("PYTHONPATH", "")])
+        command = [sys.executable, worker, str(tmp_path / "inputs.npz"), str(index), str(tmp_path / "grads{}.npz".format(index))]
+        processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    try:
+        outputs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
+    assert all(p.returncode == 0 for p in processes), "\n".join(o[-3000:] for o in outputs)
+    if all_reduces():
+        expected = [kit.train_step_delta(single, x, y, sample_weight=weights)] * 2
+    else:
+        halves = [slice(0, 16), slice(16, 32)]
+        expected = []
+        for rows in halves:
+            half = model_on()
+            half.set_weights(single.get_weights())
+            expected.append(kit.train_step_delta(half, x[rows], y[rows], sample_weight=weights[rows]))
+    for index in range(2):
+        grads = np.load(str(tmp_path / "grads{}.npz".format(index)))
+        assert kit.parity_difference([grads["arr_{}".format(i)] for i in range(4)], expected[index]) <= TOL

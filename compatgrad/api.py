@@ -75,7 +75,7 @@ def get_gradients(
         return grads, GradientInfo(result.loss, result.loss_scale, bool(finite))
 
     if data.is_dataset(x):
-        data.check_dataset_arguments(y, sample_weight, sparse)
+        data.check_dataset_arguments(y, sample_weight, sparse, wanted.tensors)
         grads, loss, loss_scale, finite = data.over_dataset(model, flavour.root, x, steps, verbose, batch_gradients)
         info = GradientInfo(loss, loss_scale, finite)
     else:

@@ -1,8 +1,9 @@
 """``compatgrad check``: the parity contract on small embedded models, for every Keras importable here.
 
 Each case compares ``get_gradients`` with ``w0 - w1`` of one ``train_on_batch`` under
-``SGD(learning_rate=1.0)``. Eager cases run in this process; graph cases in a subprocess, since
-graph mode must be switched on before any model is built.
+``SGD(learning_rate=1.0)``; the layer-outputs case also compares the gradient with respect to the
+model's output with its closed form under mse, 2 (prediction - y) / batch. Eager cases run in this
+process; graph cases in a subprocess, since graph mode must be switched on before any model is built.
 """
 import importlib
 import json
@@ -45,7 +46,7 @@ def flavours() -> Dict[str, Any]:
 
 
 def run_cases(flavour: str, mode: str) -> List[Row]:
-    from . import errors, get_gradients
+    from . import errors, get_gradients, layer_outputs
 
     keras = flavours()[flavour]
     layers = keras.layers
@@ -71,17 +72,24 @@ def run_cases(flavour: str, mode: str) -> List[Row]:
         "sample weights": lambda: (mlp(), x, y, weights),
         "clipnorm": lambda: (mlp(clipnorm=0.05), x, 3 * y, None),
         "batchnorm, learning_phase=1": lambda: (mlp(batchnorm=True), x, y, None),
+        "weights + layer outputs": lambda: (mlp(), x, y, None),
     }
     rows = []
     for case, build in cases.items():
         try:
             model, inputs, targets, sample_weight = build()
-            grads = get_gradients(model, inputs, targets, sample_weight=sample_weight, learning_phase=1)
-            before = [np.array(v) for v in keras.backend.batch_get_value(model.trainable_weights)]
+            variables = list(model.trainable_weights)
+            outputs = layer_outputs(model, [-1]) if "outputs" in case else []
+            grads = get_gradients(model, inputs, targets, variables + outputs, sample_weight=sample_weight, learning_phase=1)
+            differences = []
+            if outputs:  # mse of a Dense(1) output: d loss / d prediction = 2 (prediction - y) / batch
+                closed_form = 2 * (model.predict(inputs, verbose=0) - targets) / len(targets)
+                differences.append(float(np.max(np.abs(grads.pop() - closed_form))))
+            before = [np.array(v) for v in keras.backend.batch_get_value(variables)]
             model.train_on_batch(inputs, targets, sample_weight=sample_weight)
-            after = keras.backend.batch_get_value(model.trainable_weights)
-            difference = max(float(np.max(np.abs(b - a - g))) for b, a, g in zip(before, after, grads))
-            rows.append(Row(flavour, mode, case, difference))
+            after = keras.backend.batch_get_value(variables)
+            differences += [float(np.max(np.abs(b - a - g))) for b, a, g in zip(before, after, grads)]
+            rows.append(Row(flavour, mode, case, max(differences)))
         except errors.CompatgradError as error:
             rows.append(Row(flavour, mode, case, None, "n/a: {}".format(error)))
     return rows

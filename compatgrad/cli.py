@@ -1,5 +1,6 @@
-"""The ``compatgrad`` command line."""
+"""The ``compatgrad`` command line: doctor, check, grads. Bad input: one line on stderr, exit code 2."""
 import argparse
+import json
 import os
 import sys
 from typing import List, Optional
@@ -7,14 +8,46 @@ from typing import List, Optional
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="compatgrad", description="Keras gradients that match the training step.")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command")
+    doctor = commands.add_parser("doctor", help="what this environment has and which compatgrad backend a model would use")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
     check = commands.add_parser("check", help="run the parity check on embedded models for every Keras importable here")
     check.add_argument("--only", nargs=2, metavar=("FLAVOUR", "MODE"), help=argparse.SUPPRESS)
+    grads = commands.add_parser("grads", help="gradients of a saved model on npz data")
+    grads.add_argument("model", metavar="MODEL", help=".keras / .h5 file or SavedModel directory (compiled)")
+    grads.add_argument("data", metavar="DATA", help=".npz with x (or x0, x1, ... or input names), y (likewise), optional sample_weight")
+    grads.add_argument("--params", choices=("weights", "outputs", "inputs"), default="weights")
+    grads.add_argument("--layers", nargs="+", metavar="NAME", help="only these layers (weights or outputs)")
+    grads.add_argument("--learning-phase", type=int, choices=(0, 1), default=0)
+    grads.add_argument("--batch-size", type=int, help="go through the data in batches of this size, with a progress bar")
+    grads.add_argument("--keras", choices=("tf.keras", "tf_keras", "keras3", "keras"), help="the Keras to load the model with")
+    grads.add_argument("--out", metavar="GRADS.npz", help="write the gradients, keyed by name")
+    grads.add_argument("--plot", metavar="NORMS.png", help="bar chart of the gradient norms (needs matplotlib: compatgrad[plot])")
     args = parser.parse_args(argv)
-    if args.command != "check":
+    if args.command is None:
         parser.print_help()
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        return {"doctor": _doctor, "check": _check, "grads": _grads}[args.command](args)
+    except Exception as error:
+        if args.debug:
+            raise
+        print("compatgrad {}: error: {}".format(args.command, str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__),
+              file=sys.stderr)
+        return 2
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+
+    info = doctor.report()
+    print(json.dumps(info, indent=2) if args.json else doctor.text(info))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
     from . import check as parity
 
     if args.only:
@@ -29,6 +62,30 @@ def main(argv: Optional[List[str]] = None) -> int:
     skipped = sum(row.difference is None for row in rows)
     print("{} passed, {} failed, {} skipped".format(len(rows) - failed - skipped, failed, skipped))
     return 1 if failed else 0
+
+
+def _grads(args: argparse.Namespace) -> int:
+    if args.plot:  # fail before the slow part when the plot cannot be drawn
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ImportError("--plot needs matplotlib: pip install 'compatgrad[plot]'") from None
+    import numpy as np
+    import tensorflow as tf
+
+    from . import check, files, report
+
+    tf.get_logger().setLevel("ERROR")
+    model = files.load_model(args.model, check.flavours(), args.keras)
+    x, y, sample_weight = files.load_data(args.data, model)
+    params = report.params_for(model, args.params, args.layers)
+    grads = report.gradients(model, x, y, sample_weight, params, args.learning_phase, args.batch_size)
+    print(report.table(grads))
+    if args.out:
+        np.savez(args.out, **grads)
+    if args.plot:
+        report.plot(grads, args.plot)
+    return 0
 
 
 if __name__ == "__main__":

@@ -138,12 +138,15 @@ def _sum_reduced(model: Any) -> bool:
     return bool(sums) and all(sums)
 
 
-def check_dataset_arguments(y: Any, sample_weight: Any, sparse: bool) -> None:
+def check_dataset_arguments(y: Any, sample_weight: Any, sparse: bool, tensors: List[Any]) -> None:
     for name, value in (("y", y), ("sample_weight", sample_weight)):
         if value is not None:
             raise InvalidArgumentError(name, "None when x is a dataset (it yields (x, y) or (x, y, sample_weight))", type(value).__name__)
     if sparse:
         raise InvalidArgumentError("sparse", "False with a dataset (the sum over batches is kept dense)", True)
+    if tensors:
+        raise InvalidArgumentError("params", "variables only with a dataset (a layer output or input has one row per example)",
+                                   "{} graph tensors".format(len(tensors)))
 
 
 def check_not_dataset_arguments(steps: Optional[int]) -> None:

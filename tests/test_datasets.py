@@ -87,6 +87,8 @@ def test_dataset_arguments_are_checked(rng):
         get_gradients(model, generator((x, y), 16), y)
     with pytest.raises(errors.InvalidArgumentError, match=r"x: expected a dataset yielding \(x, y\)"):
         get_gradients(model, generator((x,), 16), verbose=0)
+    with pytest.raises(errors.InvalidArgumentError, match="params: expected variables only with a dataset"):
+        get_gradients(model, generator((x, y), 16), params=list(model.inputs), verbose=0)
     with pytest.raises(errors.InvalidArgumentError, match="steps: expected None unless x is a dataset"):
         get_gradients(model, x, y, steps=2)
     with pytest.raises(errors.InvalidArgumentError, match="x: expected a dataset with at least one batch"):

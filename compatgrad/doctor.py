@@ -1,0 +1,88 @@
+"""``compatgrad doctor``: what this environment has, which backend a new model would get, known problems."""
+import importlib
+import platform
+import sys
+from typing import Any, Dict, List
+
+from . import check
+
+
+def report() -> Dict[str, Any]:
+    import tensorflow as tf
+
+    eager = tf.executing_eagerly()
+    flavours = check.flavours()
+    found: Dict[str, Any] = {}
+    problems: List[str] = []  # this combination will not work as it is
+    notes: List[str] = []  # it works, with a caveat
+    for name, keras in flavours.items():
+        entry: Dict[str, Any] = {"version": _version(keras), "module": keras.Model.__module__}
+        if name == "keras3":
+            backend = keras.config.backend()
+            entry["backend"] = backend
+            entry["compatgrad backend"] = "keras3" if backend == "tensorflow" else "none (TensorFlow backend only)"
+            if backend != "tensorflow":
+                problems.append("Keras 3 runs on the {!r} backend; compatgrad needs KERAS_BACKEND=tensorflow".format(backend))
+        elif name == "keras":
+            entry["compatgrad backend"] = "graph" if not eager else "none (standalone Keras: TF 1.x graph mode only)"
+        else:
+            has_train_step = hasattr(keras.Model, "train_step")
+            entry["compatgrad backend"] = "keras2" if eager and has_train_step else "graph"
+            if eager and not has_train_step:
+                problems.append("{} has no train_step (TF < 2.2): only graph mode is supported; call "
+                                "tf.compat.v1.disable_eager_execution() before building models".format(name))
+            legacy = getattr(keras.optimizers, "legacy", None)
+            if legacy is not None and hasattr(legacy, "SGD") and keras.optimizers.SGD is not legacy.SGD:
+                notes.append("{}: graph mode needs the legacy optimizers (keras.optimizers.legacy.*); "
+                                "the default ones have no get_updates".format(name))
+        found[name] = entry
+    tf_keras = found.get("tf_keras")
+    if tf_keras and not _same_minor(tf_keras["version"], tf.__version__):
+        problems.append("tf_keras {} is installed against TensorFlow {}: install tf-keras=={}.*".format(
+            tf_keras["version"], tf.__version__, ".".join(tf.__version__.split(".")[:2])))
+    if not flavours:
+        problems.append("no Keras importable with this TensorFlow")
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "default mode": "eager" if eager else "graph",
+        "devices": _devices(tf),
+        "keras": found,
+        "problems": problems,
+        "notes": notes,
+    }
+
+
+def text(info: Dict[str, Any]) -> str:
+    lines = ["python      {}".format(info["python"]), "tensorflow  {} ({} by default)".format(info["tensorflow"], info["default mode"]),
+             "devices     {}".format(", ".join(info["devices"]) or "none")]
+    for name, entry in info["keras"].items():
+        extra = " on {}".format(entry["backend"]) if "backend" in entry else ""
+        lines.append("{:<11} {}{} -> compatgrad backend: {}".format(name, entry["version"], extra, entry["compatgrad backend"]))
+    lines += ["problem: " + problem for problem in info["problems"]] or ["no known problem"]
+    lines += ["note: " + note for note in info["notes"]]
+    return "\n".join(lines)
+
+
+def _version(keras: Any) -> str:
+    version = getattr(keras, "__version__", None)
+    if version:
+        return str(version)
+    package = keras.Model.__module__.split(".")[0]
+    if package == "tensorflow":  # tf.keras before 2.6 ships inside TensorFlow
+        return "tf.keras of TensorFlow " + importlib.import_module("tensorflow").__version__
+    try:
+        from importlib import metadata
+
+        return metadata.version(package.replace("_", "-"))
+    except Exception:  # importlib.metadata is 3.8+, and a source checkout has no metadata
+        return getattr(sys.modules.get(package), "__version__", "unknown")
+
+
+def _same_minor(a: str, b: str) -> bool:
+    return a.split(".")[:2] == b.split(".")[:2]
+
+
+def _devices(tf: Any) -> List[str]:
+    listing = getattr(tf.config, "list_physical_devices", None) or tf.config.experimental.list_physical_devices
+    return ["{} ({})".format(device.name, device.device_type) for device in listing()]

@@ -5,7 +5,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from . import data, inputs, targets
-from .arrays import SparseGradient
+from .arrays import SparseGradient, numpy_dtype, static_shape
 from .backends import Request
 from .detect import Flavour, flavour_of, keras3_backend
 from .errors import ModeError, UnconnectedGradientError, UnsupportedModelError
@@ -87,13 +87,12 @@ def get_gradients(
 
 def _zeros_like(param: Any, batch_size: int) -> np.ndarray:
     """Zeros for an unconnected variable, or for an unconnected tensor of this batch."""
-    dtype = getattr(param.dtype, "as_numpy_dtype", param.dtype)
-    shape = param.shape.as_list() if hasattr(param.shape, "as_list") else list(param.shape)
+    shape = list(static_shape(param))
     if shape and shape[0] is None:  # a graph tensor: the batch comes first
         shape[0] = batch_size
     if any(d is None for d in shape):
         raise UnconnectedGradientError("params", "a tensor of known shape to fill with zeros", "{} of shape {}".format(inputs.name_of(param), tuple(param.shape)))
-    return np.zeros(shape, dtype=dtype)
+    return np.zeros(shape, dtype=numpy_dtype(param))
 
 
 def _backend(model: Any, flavour: Flavour) -> Any:

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _paths
 from ._cache import cached
-from .arrays import SparseGradient
+from .arrays import SparseGradient, numpy_dtype, static_shape
 from .errors import InvalidArgumentError, InvalidTypeError
 from .inputs import name_of
 from .masks import _sequence, mask_gradients
@@ -54,12 +54,12 @@ def apply_gradients(optimizer: Any, grads: Sequence[Any], variables: Sequence[An
 
 
 def _check(index: int, grad: Any, variable: Any, missing: str) -> Any:
-    expected = tuple(variable.shape.as_list()) if hasattr(variable.shape, "as_list") else tuple(variable.shape)
+    expected = static_shape(variable)
     argument = "grads[{}] (for {})".format(index, name_of(variable))
     if grad is None:
         if missing == "raise":
             raise InvalidArgumentError(argument, "a gradient of shape {} (or missing='zero')".format(expected), "None")
-        return np.zeros(expected, dtype=_numpy_dtype(variable))
+        return np.zeros(expected, dtype=numpy_dtype(variable))
     if isinstance(grad, SparseGradient):
         shape = tuple(grad.dense_shape)
     elif hasattr(grad, "shape"):
@@ -71,13 +71,8 @@ def _check(index: int, grad: Any, variable: Any, missing: str) -> Any:
     return grad
 
 
-def _numpy_dtype(variable: Any) -> Any:
-    dtype = variable.dtype
-    return np.dtype(getattr(dtype, "as_numpy_dtype", dtype))
-
-
 def _tensor(tf: Any, grad: Any, variable: Any) -> Any:
-    dtype = _numpy_dtype(variable)
+    dtype = numpy_dtype(variable)
     if isinstance(grad, SparseGradient):
         return tf.IndexedSlices(tf.constant(grad.values, dtype=dtype), tf.constant(grad.indices), tf.constant(grad.dense_shape, dtype="int64"))
     return tf.convert_to_tensor(np.asarray(grad, dtype=dtype))
@@ -87,7 +82,7 @@ def _apply_in_session(optimizer: Any, grads: List[np.ndarray], variables: List[A
     key = ("apply", tuple(id(v) for v in variables))
     state = tuple(getattr(v, "constraint", None) for v in variables)
     update = cached(optimizer, key, state, lambda: _build_update(optimizer, variables))
-    update([np.asarray(g, dtype=_numpy_dtype(v)) for g, v in zip(grads, variables)])
+    update([np.asarray(g, dtype=numpy_dtype(v)) for g, v in zip(grads, variables)])
 
 
 def _build_update(optimizer: Any, variables: List[Any]) -> Any:

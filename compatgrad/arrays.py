@@ -1,5 +1,5 @@
 """Gradients as numpy arrays: dense by default, or kept sparse for embedding-like variables."""
-from typing import Any, NamedTuple, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -13,6 +13,10 @@ class SparseGradient(NamedTuple):
     values: np.ndarray
     indices: np.ndarray
     dense_shape: Tuple[int, ...]
+
+    @classmethod
+    def from_parts(cls, values: Any, indices: Any, dense_shape: Any) -> "SparseGradient":
+        return cls(np.asarray(values), np.asarray(indices), tuple(int(d) for d in np.asarray(dense_shape)))
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -34,5 +38,16 @@ def to_numpy(gradient: Any) -> Any:
     if gradient is None:
         return None
     if is_sparse(gradient):
-        return SparseGradient(np.asarray(gradient.values), np.asarray(gradient.indices), tuple(int(d) for d in np.asarray(gradient.dense_shape)))
+        return SparseGradient.from_parts(gradient.values, gradient.indices, gradient.dense_shape)
     return np.asarray(gradient)
+
+
+def static_shape(value: Any) -> Tuple[Optional[int], ...]:
+    """A variable's or tensor's shape as ints, None where unknown (TF 1.x shapes hold Dimension objects)."""
+    shape = value.shape
+    return tuple(shape.as_list()) if hasattr(shape, "as_list") else tuple(shape)
+
+
+def numpy_dtype(value: Any) -> np.dtype:
+    """The numpy dtype of a variable or tensor (a tf.DType, or Keras 3's dtype string)."""
+    return np.dtype(getattr(value.dtype, "as_numpy_dtype", value.dtype))

@@ -10,7 +10,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
-from .arrays import SparseGradient
+from .arrays import SparseGradient, static_shape
 from .errors import InvalidArgumentError, InvalidTypeError
 from .inputs import name_of
 
@@ -48,8 +48,7 @@ def freeze(variable: Any, mask: Any) -> None:
     In graph mode the constraint enters the update ops when they are built: freeze before the
     first training step (or ``compatgrad.apply_gradients``, which rebuilds its update op).
     """
-    shape = tuple(variable.shape.as_list()) if hasattr(variable.shape, "as_list") else tuple(variable.shape)
-    mask = broadcast_mask("mask", mask, shape)
+    mask = broadcast_mask("mask", mask, static_shape(variable))
     if mask.dtype != np.bool_:
         raise InvalidTypeError("mask", "a boolean mask (True: frozen)", "dtype {}".format(mask.dtype))
     current = getattr(variable, "constraint", None)

@@ -76,7 +76,7 @@ def _unpack(kinds: List[Optional[str]], fetched: List[Any]) -> List[Any]:
     grads = []
     for kind in kinds:
         if kind == "sparse":
-            grads.append(SparseGradient(np.asarray(next(values)), np.asarray(next(values)), tuple(int(d) for d in next(values))))
+            grads.append(SparseGradient.from_parts(next(values), next(values), next(values)))
         else:
             grads.append(np.asarray(next(values)) if kind else None)
     return grads

@@ -62,8 +62,10 @@ def get_gradients(
     wanted = targets.resolve(model, params)
     backend = _backend(model, flavour)
 
-    def batch_gradients(x: Any, y: Any, sample_weight: Any) -> Tuple[List[Any], GradientInfo]:
-        batch = data.distributed_batch(x, y, sample_weight) or inputs.check_batch(model, x, y, sample_weight)
+    def make_batch(x: Any, y: Any, sample_weight: Any) -> inputs.Batch:
+        return data.distributed_batch(x, y, sample_weight) or inputs.check_batch(model, x, y, sample_weight)
+
+    def batch_gradients(batch: inputs.Batch) -> Tuple[List[Any], GradientInfo]:
         request = Request(batch, wanted.variables, wanted.tensors, training, bool(clip), class_weight, bool(sparse))
         result = backend.gradients(model, flavour, request)
         found = wanted.arrange(result.grads)
@@ -76,11 +78,11 @@ def get_gradients(
 
     if data.is_dataset(x):
         data.check_dataset_arguments(y, sample_weight, sparse, wanted.tensors)
-        grads, loss, loss_scale, finite = data.over_dataset(model, flavour.root, x, steps, verbose, batch_gradients)
+        grads, loss, loss_scale, finite = data.over_dataset(model, flavour.root, x, steps, verbose, make_batch, batch_gradients)
         info = GradientInfo(loss, loss_scale, finite)
     else:
         data.check_not_dataset_arguments(steps)
-        grads, info = batch_gradients(x, y, sample_weight)
+        grads, info = batch_gradients(make_batch(x, y, sample_weight))
     output: Any = dict(zip(wanted.names, grads)) if as_dict else grads
     return (output, info) if return_info else output
 

@@ -4,7 +4,6 @@ A batch's loss averages over its examples (Keras' default reduction), so the los
 concatenated data weighs each batch by its size: sum_b n_b * g_b / sum_b n_b, regularization
 losses included once. A loss reduced with SUM adds up over batches instead: sum_b g_b.
 """
-import inspect
 import sys
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
@@ -14,7 +13,8 @@ from . import _paths
 from .errors import InvalidArgumentError
 from .inputs import Batch
 
-BatchGradients = Callable[[Any, Any, Any], Tuple[List[Any], Any]]  # (x, y, sample_weight) -> (grads, GradientInfo)
+MakeBatch = Callable[[Any, Any, Any], Batch]  # (x, y, sample_weight) -> a validated Batch
+BatchGradients = Callable[[Batch], Tuple[List[Any], Any]]  # -> (grads, GradientInfo)
 
 
 def is_dataset(x: Any) -> bool:
@@ -22,12 +22,14 @@ def is_dataset(x: Any) -> bool:
     tf = sys.modules.get("tensorflow")
     if (tf is not None and isinstance(x, tf.data.Dataset)) or _is_distributed_dataset(x):
         return True
-    if inspect.isgenerator(x) or (hasattr(x, "__next__") and hasattr(x, "__iter__")):
+    if hasattr(x, "__next__") and hasattr(x, "__iter__"):  # generators and other iterators
         return True
     return _is_keras_sequence(x)
 
 
-def over_dataset(model: Any, root: str, dataset: Any, steps: Optional[int], verbose: int, batch_gradients: BatchGradients) -> Tuple[List[Any], float, float, bool]:
+def over_dataset(
+    model: Any, root: str, dataset: Any, steps: Optional[int], verbose: int, make_batch: MakeBatch, batch_gradients: BatchGradients,
+) -> Tuple[List[Any], float, float, bool]:
     """(gradients, loss, last loss scale, all finite) over the dataset's batches, the first ``steps`` of them."""
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
         raise InvalidArgumentError("steps", "None or a positive number of batches", repr(steps))
@@ -40,13 +42,13 @@ def over_dataset(model: Any, root: str, dataset: Any, steps: Optional[int], verb
 
     sums: Optional[List[np.ndarray]] = None
     examples, loss_sum, finite, scale = 0, 0.0, True, 1.0
-    for count, (x, y, sample_weight) in enumerate(_batches(model, root, dataset, steps), 1):
-        grads, info = batch_gradients(x, y, sample_weight)
-        size = batch_size(x)
-        weight = 1.0 if summed else float(size)
+    for count, element in enumerate(_batches(model, root, dataset, steps), 1):
+        batch = make_batch(*element)
+        grads, info = batch_gradients(batch)
+        weight = 1.0 if summed else float(batch.size)
         weighted = [weight * np.asarray(g, np.float64) for g in grads]
         sums = weighted if sums is None else [s + w for s, w in zip(sums, weighted)]
-        examples += size
+        examples += batch.size
         loss_sum += weight * info.loss
         finite, scale = finite and info.all_finite, info.loss_scale
         if progress is not None:
@@ -89,29 +91,19 @@ def _unpack(element: Any) -> tuple:
 
 
 def distributed_batch(x: Any, y: Any, sample_weight: Any) -> Optional[Batch]:
-    """A batch of a distributed dataset (one part per replica) as it is; None for any other batch."""
-    parts = _per_replica_parts(x)
-    return None if parts is None else Batch(x, y, sample_weight, sum(int(part.shape[0]) for part in parts))
-
-
-def batch_size(x: Any) -> int:
-    """Rows in the first input array; a distributed batch counts this worker's replicas together."""
-    parts = _per_replica_parts(x)
-    return sum(int(part.shape[0]) for part in parts) if parts is not None else int(_first_leaf(x).shape[0])
-
-
-def _first_leaf(x: Any) -> Any:
-    while isinstance(x, (list, tuple, dict)):
-        x = next(iter(x.values())) if isinstance(x, dict) else x[0]
-    return x
-
-
-def _per_replica_parts(x: Any) -> Optional[tuple]:
-    tf = sys.modules.get("tensorflow")
-    leaf = _first_leaf(x)
-    if tf is None or not isinstance(leaf, getattr(tf.distribute, "DistributedValues", ())):
+    """A batch of a distributed dataset as it is, sized by this worker's parts together; None for any other batch."""
+    leaf = x
+    while isinstance(leaf, (list, tuple, dict)):
+        leaf = next(iter(leaf.values())) if isinstance(leaf, dict) else leaf[0]
+    if not is_distributed(leaf):
         return None
-    return tuple(leaf.values)
+    return Batch(x, y, sample_weight, sum(int(part.shape[0]) for part in leaf.values))
+
+
+def is_distributed(value: Any) -> bool:
+    """Values with one part per replica (``tf.distribute.DistributedValues``), told without importing TensorFlow."""
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(value, getattr(tf.distribute, "DistributedValues", ()))
 
 
 def _length(dataset: Any) -> Optional[int]:

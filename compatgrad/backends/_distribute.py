@@ -10,6 +10,7 @@ from typing import Any, Callable, List, Optional
 
 import tensorflow as tf
 
+from ..data import is_distributed
 from ..errors import UnsupportedModelError
 
 # Strategies whose training step is strategy.run + an all-reduce in replica context.
@@ -32,11 +33,6 @@ def strategy_of(model: Any) -> Optional[Any]:
     return strategy
 
 
-def is_distributed(value: Any) -> bool:
-    """Values of a distributed dataset (one part per replica), which need no splitting."""
-    return isinstance(value, tf.distribute.DistributedValues) if hasattr(tf.distribute, "DistributedValues") else False
-
-
 def distributed_step(strategy: Any, replica_step: Callable, tensor_count: int, combine: str) -> Callable:
     """``replica_step(x, y, sample_weight) -> (grads, loss, loss_scale)`` run on every replica, reduced.
 
@@ -49,7 +45,7 @@ def distributed_step(strategy: Any, replica_step: Callable, tensor_count: int, c
 
     def step(x: Any, y: Any, sample_weight: Any) -> tuple:
         data = (x, y) if sample_weight is None else (x, y, sample_weight)  # no None through strategy.run
-        if split and not is_distributed(tf.nest.flatten(x)[0]):
+        if split and not is_distributed(tf.nest.flatten(x)[0]):  # a distributed dataset's batch is split already
             data = _split(strategy, data)
         grads, loss, loss_scale = strategy.run(replica_step, args=data)
         local = strategy.experimental_local_results

@@ -11,10 +11,11 @@ import tensorflow as tf
 from .. import _paths
 from .._cache import cached
 from ..arrays import to_numpy
+from ..data import is_distributed
 from ..detect import Flavour
 from ..errors import InvalidArgumentError
 from . import Request, Result
-from ._distribute import distributed_step, is_distributed, strategy_of
+from ._distribute import distributed_step, strategy_of
 from ._forward import Forward
 from ._state import PreservedState
 from ._steps import Keras3Steps

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .errors import InvalidArgumentError, UnsupportedModelError
-from .inputs import output_names
+from .inputs import input_names, output_names
 
 # Which Keras to try first for a file written by a given Keras major version.
 _BY_WRITER = {"3": ["keras3", "tf_keras", "tf.keras"], "2": ["tf_keras", "tf.keras", "keras", "keras3"]}
@@ -83,9 +83,3 @@ def _pick(arrays: Dict[str, np.ndarray], prefix: str, names: List[str]) -> Tuple
     raise InvalidArgumentError("DATA", "key {} or {} for the model's {}".format(wanted, names, "inputs" if prefix == "x" else "outputs"),
                                "keys {}".format(sorted(arrays)))
 
-
-def input_names(model: Any) -> List[str]:
-    names = getattr(model, "input_names", None)
-    if names:
-        return list(names)
-    return [str(getattr(t, "name", "input_{}".format(i))).split(":")[0] for i, t in enumerate(model.inputs or [])]

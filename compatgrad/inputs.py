@@ -32,6 +32,13 @@ def check_learning_phase(learning_phase: Any) -> bool:
     return bool(learning_phase)
 
 
+def input_names(model: Any) -> List[str]:
+    names = getattr(model, "input_names", None)
+    if names:
+        return list(names)
+    return [str(getattr(t, "name", "input_{}".format(i))).split(":")[0] for i, t in enumerate(model.inputs or [])]
+
+
 def output_names(model: Any) -> List[str]:
     names = getattr(model, "output_names", None)
     if names:

@@ -66,7 +66,7 @@ def layer_outputs(model: Any, layers: Sequence[LayerRef]) -> List[Any]:
     A layer with several outputs contributes all of them, in order. A nested model counts as one
     layer: its output as the outer model computes it.
     """
-    if isinstance(layers, (str, int)) or not isinstance(layers, (list, tuple)):
+    if not isinstance(layers, (list, tuple)):
         raise InvalidTypeError("layers", "a list of layer names, indices or layers", type(layers).__name__)
     tensors = graph_tensors(model).values()
     found = []

@@ -35,8 +35,7 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     key = ("keras3", tuple(id(p) for p in request.params), tuple(id(t) for t in request.tensors),
            tuple(id(v) for v in model.trainable_weights), request.training, request.clip, request.sparse, built)
     state = (model.optimizer, model._compile_loss)
-    all_reduce = hasattr(_paths.load(flavour.root, "losses"), "scale_loss_for_distribution")
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), Forward(model, request.tensors), request, strategy_of(model), all_reduce))
+    step = cached(model, key, state, lambda: _build(weakref.ref(model), flavour, Forward(model, request.tensors), request, strategy_of(model)))
     grads, loss, loss_scale = step(x, y, sample_weight)
     return Result([to_numpy(g) for g in grads], float(loss), float(loss_scale))
 
@@ -45,8 +44,9 @@ def _to_tensor(value: Any) -> Any:
     return value if value is None or is_distributed(value) else tf.convert_to_tensor(value)
 
 
-def _build(model_ref: "weakref.ref", forward: Forward, request: Request, strategy: Optional[Any], all_reduce: bool) -> Any:
+def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request: Request, strategy: Optional[Any]) -> Any:
     params, training = request.params, request.training
+    all_reduce = hasattr(_paths.load(flavour.root, "losses"), "scale_loss_for_distribution")
 
     def step(x: Any, y: Any, sample_weight: Any = None) -> tuple:
         model = model_ref()

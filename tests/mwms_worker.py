@@ -26,3 +26,7 @@ half = len(arrays["x"]) // 2
 rows = slice(index * half, (index + 1) * half)
 grads = get_gradients(model, arrays["x"][rows], arrays["y"][rows], sample_weight=arrays["sample_weight"][rows])
 np.savez(output_path, *grads)
+# TF 2.6's collective executor threads abort the interpreter's normal exit about one time in five
+# ("terminate called without an active exception"), after the result is written: skip the teardown.
+sys.stdout.flush()
+os._exit(0)

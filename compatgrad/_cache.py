@@ -16,3 +16,8 @@ def cached(model: Any, key: Hashable, state: Sequence[Any], build: Callable[[], 
         entry = (tuple(state), build())
         entries[key] = entry
     return entry[1]
+
+
+def built(model: Any) -> list:
+    """What has been built for ``model`` (for the trace and op counts of tests and benchmarks)."""
+    return [entry[1] for entry in _MODELS.get(model, {}).values()]

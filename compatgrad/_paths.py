@@ -5,6 +5,7 @@ Paths are relative to the package root that defines the model's class (see ``det
 ``keras.src`` (tf.keras 2.13-2.15 and Keras 3), ``tf_keras.src`` / ``tf_keras`` (tf_keras >= 2.16).
 Candidates are tried in order; the first that imports wins.
 """
+import functools
 import importlib
 import inspect
 from types import ModuleType
@@ -23,6 +24,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
 }
 
 
+@functools.lru_cache(maxsize=None)  # TF 1.x aliases tensorflow.* to tensorflow_core.*: each import searches
 def load(root: str, name: str) -> ModuleType:
     errors = []
     for relative in MODULES[name]:

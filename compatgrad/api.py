@@ -62,6 +62,8 @@ def get_gradients(
     wanted = targets.resolve(model, params)
     backend = _backend(model, flavour)
 
+    tensor_ids = {id(t) for t in wanted.tensors}
+
     def make_batch(x: Any, y: Any, sample_weight: Any) -> inputs.Batch:
         return data.distributed_batch(x, y, sample_weight) or inputs.check_batch(model, x, y, sample_weight)
 
@@ -71,9 +73,11 @@ def get_gradients(
         found = wanted.arrange(result.grads)
         missing = [name for name, g in zip(wanted.names, found) if g is None]
         if missing and unconnected == "raise":
-            raise UnconnectedGradientError("params", "params the loss depends on (or unconnected='zero')", "no gradient for {}".format(", ".join(missing)))
+            raise UnconnectedGradientError("params", "params the loss depends on (or unconnected='zero')", "no gradient for {}{}".format(
+                ", ".join(missing), _LOGITS_HINT if any(id(p) in tensor_ids for p, g in zip(wanted.params, found) if g is None) else ""))
         grads = [_zeros_like(p, batch.size) if g is None else g for p, g in zip(wanted.params, found)]
-        finite = all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads)
+        # A pass over every gradient, only when asked for.
+        finite = return_info and all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads)
         return grads, GradientInfo(result.loss, result.loss_scale, bool(finite))
 
     if data.is_dataset(x):
@@ -85,6 +89,10 @@ def get_gradients(
         grads, info = batch_gradients(make_batch(x, y, sample_weight))
     output: Any = dict(zip(wanted.names, grads)) if as_dict else grads
     return (output, info) if return_info else output
+
+
+# The likeliest cause for a layer output: every Keras reads a softmax / sigmoid output's logits instead.
+_LOGITS_HINT = " (Keras computes a crossentropy from the logits under a softmax or sigmoid output, so that output has none; ask for the logits)"
 
 
 def _zeros_like(param: Any, batch_size: int) -> np.ndarray:

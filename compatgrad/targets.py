@@ -41,6 +41,11 @@ def resolve(model: Any, params: Optional[Sequence[Any]]) -> Targets:
             raise InvalidArgumentError("params", "a model with trainable weights (is it built?)", "none")
     elif not isinstance(params, (list, tuple)):
         raise InvalidTypeError("params", "a list of the model's variables or graph tensors", type(params).__name__)
+    # Cached per list of params: the Targets hold them, so their ids stay theirs while the entry lives.
+    return cached(model, ("targets",) + tuple(id(p) for p in params), (), lambda: _resolve(model, list(params)))
+
+
+def _resolve(model: Any, params: List[Any]) -> Targets:
     owned = {id(v) for v in model.weights}
     variables, tensors, names = [], [], []
     for index, param in enumerate(params):
@@ -57,7 +62,7 @@ def resolve(model: Any, params: Optional[Sequence[Any]]) -> Targets:
             )
         tensors.append(param)
         names.append(found.name)
-    return Targets(list(params), variables, tensors, _unique(names))
+    return Targets(params, variables, tensors, _unique(names))
 
 
 def layer_outputs(model: Any, layers: Sequence[LayerRef]) -> List[Any]:

@@ -1,4 +1,7 @@
-"""No side effects, caching (no graph growth, no retracing) and invalidation on recompile."""
+"""No side effects, caching (no graph growth, no retracing), invalidation on recompile, a light import."""
+import subprocess
+import sys
+
 import pytest
 
 import kit
@@ -86,7 +89,7 @@ def test_eager_step_is_traced_once_per_shape_family(rng):
     data = {n: (rng.randn(n, 4).astype("float32"), rng.randn(n, 1).astype("float32")) for n in (128, 100, 64)}
     for _ in range(5):
         get_gradients(model, *data[128])
-    (step,) = [function for _, function in _cache._MODELS[model].values()]
+    (step,) = [f for f in _cache.built(model) if hasattr(f, "get_concrete_function")]  # the tf.function
     assert kit.tracing_count(step) == 1
     for n in (100, 64, 128):
         get_gradients(model, *data[n])
@@ -134,3 +137,11 @@ def test_unconnected_params(opt, rng):
     if not kit.GRAPH:  # the eager step skips None gradients; graph mode's get_updates refuses them
         grads = get_gradients(model, x, y, unconnected="zero")
         assert kit.parity_difference(grads, kit.train_step_delta(model, x, y)) <= 1e-5
+
+
+def test_import_adds_no_optional_dependency():
+    probe = ("import sys, tensorflow; before = set(sys.modules); import compatgrad; "
+             "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
+    added = set(subprocess.run([sys.executable, "-c", probe], stdout=subprocess.PIPE, check=True, universal_newlines=True).stdout.split())
+    assert "compatgrad" in added
+    assert not added & {"matplotlib", "tqdm", "scipy", "pandas", "jax", "torch", "keras", "tf_keras", "h5py"}, added

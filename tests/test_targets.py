@@ -132,6 +132,29 @@ def test_embedding_gradient_dense_by_default_sparse_on_request(rng):
     assert kit.parity_difference(dense, kit.train_step_delta(model, tokens, y)) <= TOL
 
 
+def test_embedding_output_gradient_adds_up_to_the_trained_embedding_gradient(rng):
+    """Only a tensor wanted, behind an integer input: its gradient, added up per token, is the step's."""
+    tokens, y = rng.randint(0, 20, size=(8, 6)), rng.randn(8, 1).astype("float32")
+    model = embedding_model()
+    try:
+        wanted = layer_outputs(model, [0])
+    except errors.InvalidArgumentError:
+        pytest.skip("this Sequential has no graph")
+    (output_gradient,) = get_gradients(model, tokens, y, wanted)
+    per_token = np.zeros((20, 3), dtype="float32")
+    np.add.at(per_token, tokens, output_gradient)
+    assert np.abs(per_token - kit.train_step_delta(model, tokens, y)[0]).max() <= TOL
+
+
+def test_a_softmax_output_read_through_its_logits_is_explained(rng):
+    x, y = data(rng)
+    inputs = layers.Input(shape=(5,))
+    model = kit.keras.Model(inputs, layers.Dense(3, activation="softmax", name="probabilities")(inputs))
+    model.compile(kit.sgd(), "categorical_crossentropy")
+    with pytest.raises(errors.UnconnectedGradientError, match="probabilities/output.*logits"):
+        get_gradients(model, x, np.eye(3, dtype="float32")[rng.randint(0, 3, size=16)], layer_outputs(model, ["probabilities"]))
+
+
 def test_integer_input_has_no_gradient(rng):
     tokens, y = rng.randint(0, 20, size=(8, 6)), rng.randn(8, 1).astype("float32")
     model = embedding_model()

@@ -19,6 +19,17 @@ class Forward:
         self.outputs = output_structure(model) if tensors else None
         self.view = extraction_view(model, model_class(model), tuple(tensors), tf.nest.flatten(self.outputs)) if tensors else None
 
+    def tape(self, params: Sequence[Any], x: Any) -> tf.GradientTape:
+        """The step's tape: Keras' own, which watches every variable read, unless only tensors are wanted.
+
+        Then it watches just the inputs (in ``__call__``), so the backward pass stops there instead
+        of also reaching every variable. Integer inputs (an Embedding's) cannot be watched: with
+        one of those, the variables are.
+        """
+        leaves = tf.nest.flatten(x)
+        watch_variables = bool(params) or self.view is None or not all(t.dtype.is_floating for t in leaves)
+        return tf.GradientTape(watch_accessed_variables=watch_variables)
+
     def __call__(self, model: Any, tape: tf.GradientTape, x: Any, training: bool) -> Tuple[List[Any], Any]:
         if self.view is None:
             takes_training = getattr(model, "_call_has_training_arg", True)  # Keras 3 models may not take it

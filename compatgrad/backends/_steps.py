@@ -46,7 +46,7 @@ class Steps:
         """
         param_ids = {id(p) for p in params}
         wrt = list(params)
-        if clip and self.clips:
+        if clip and self.clips and params:  # the global norm of what is returned needs them all
             wrt += [v for v in trainable if id(v) not in param_ids]
         grads = self.unscale(list(gradient(scaled_loss, wrt + list(tensors))))
         tensor_grads, grads = grads[len(wrt):], grads[: len(wrt)]
@@ -85,6 +85,8 @@ class Keras2Steps(Steps):
 
     def aggregate(self, pairs: Pairs) -> List[Any]:
         inner = self.inner
+        if not tf.distribute.has_strategy():  # one replica: the sum over replicas is the gradient itself
+            return [g for g, _ in pairs]
         if hasattr(inner, "aggregate_gradients"):  # optimizer.Optimizer, Keras >= 2.11
             return [g for g, _ in inner.aggregate_gradients(pairs)]
         if hasattr(inner, "_transform_unaggregated_gradients"):  # OptimizerV2, TF >= 2.4
@@ -157,6 +159,6 @@ class Keras3Steps(Steps):
         return list(self.inner._clip_gradients([g for g, _ in pairs]))
 
     def aggregate(self, pairs: Pairs) -> List[Any]:
-        if not self.all_reduce:
+        if not self.all_reduce or not tf.distribute.has_strategy():  # no sum over replicas, or one replica
             return [g for g, _ in pairs]
         return [g for g, _ in self.inner._all_reduce_sum_gradients(pairs)]

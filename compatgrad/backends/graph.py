@@ -6,14 +6,14 @@ For standalone Keras 2.2/2.3, tf.keras on TF 1.x, and tf.keras / tf_keras v1 mod
 mean to ``train_on_batch``), and the function is fed exactly the model's feed lists.
 """
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from .. import _paths
 from .._cache import cached
-from ..arrays import SparseGradient, is_sparse
+from ..arrays import SparseGradient, is_sparse, static_shape
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, ModeError, UnsupportedModelError
 from ..inputs import Batch
@@ -29,7 +29,9 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
             "compile with tf.keras.optimizers.legacy.{0} (got {1}.{0})".format(type(model.optimizer).__name__, type(model.optimizer).__module__)
         )
     K = _paths.load(flavour.root, "backend")
-    xs, ys, sample_weights = _standardize(model, batch, class_weight)
+    plain = flavour.name != "keras" and class_weight is None and batch.sample_weight is None
+    fitting = _fitting_arrays(model, batch) if plain else None
+    xs, ys, sample_weights = (fitting[0], fitting[1], None) if fitting else _standardize(model, batch, class_weight)
     weighted = any(w is not None for w in sample_weights or [])
     if weighted and hasattr(model, "_training_endpoints"):
         _add_sample_weight_feeds(model, sample_weights)
@@ -80,6 +82,28 @@ def _unpack(kinds: List[Optional[str]], fetched: List[Any]) -> List[Any]:
         else:
             grads.append(np.asarray(next(values)) if kind else None)
     return grads
+
+
+def _fitting_arrays(model: Any, batch: Batch) -> Optional[Tuple[List[np.ndarray], List[np.ndarray]]]:
+    """(xs, ys) when they are arrays of the inputs' dtypes and shapes and the outputs' shapes.
+
+    tf.keras' (and tf_keras') standardization passes such arrays through unchanged, with no
+    sample weights when none came, so they skip it: it costs as much as a small model's step. Anything else
+    (other shapes, which it may expand or refuse, dicts, lists of values) goes through it.
+    """
+    xs = batch.x if isinstance(batch.x, list) else [batch.x]
+    ys = batch.y if isinstance(batch.y, list) else [batch.y]
+    inputs, targets, outputs = model._feed_inputs, model._feed_targets, model.outputs
+    if not len(xs) == len(inputs) or not len(ys) == len(targets) == len(outputs):
+        return None
+    # (array, its placeholder, the tensor whose shape it must have)
+    for array, placeholder, like in list(zip(xs, inputs, inputs)) + list(zip(ys, targets, outputs)):
+        if type(array) is not np.ndarray or array.dtype != placeholder.dtype.as_numpy_dtype:
+            return None
+        shape = static_shape(like)
+        if len(shape) != array.ndim or any(d is not None and d != n for d, n in zip(shape, array.shape)):
+            return None
+    return xs, ys
 
 
 def _standardize(model: Any, batch: Batch, class_weight: Optional[Dict[Any, float]]) -> tuple:

@@ -7,6 +7,7 @@ own scale -> gradient -> unscale -> aggregate -> clip. The step is one cached ``
 import weakref
 from typing import Any, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from .. import _paths
@@ -24,8 +25,19 @@ from ._steps import Keras2Steps
 def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     batch, class_weight = request.batch, request.class_weight
     adapter = _paths.load(flavour.root, "data_adapter")
-    # As single_batch_iterator prepares the batch for train_on_batch, minus the tf.data round trip.
-    x, y, sample_weight = adapter._process_tensorlike((batch.x, batch.y, batch.sample_weight))
+    floatx = _paths.load(flavour.root, "backend").floatx()
+
+    def convert(part: Any) -> Any:
+        """As single_batch_iterator converts the batch for train_on_batch, minus the tf.data round trip.
+
+        A plain array takes the adapter's rule directly (floats to floatx): its per-leaf checks
+        (pandas, scipy, which a None costs a failed import) cost more than the conversion.
+        """
+        if isinstance(part, np.ndarray):
+            return tf.convert_to_tensor(part, dtype=floatx if np.issubdtype(part.dtype, np.floating) else None)
+        return None if part is None else adapter._process_tensorlike(part)
+
+    x, y, sample_weight = convert(batch.x), convert(batch.y), convert(batch.sample_weight)
     if class_weight:
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
         try:
@@ -38,7 +50,7 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
            tuple(id(v) for v in trainable), request.training, request.clip, request.sparse)
     state = (model.optimizer, model.compiled_loss)
     step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, Forward(model, request.tensors), request, strategy_of(model)))
-    grads, loss, loss_scale = step(x, y, sample_weight)
+    grads, loss, loss_scale = step(x, y) if sample_weight is None else step(x, y, sample_weight)
     return Result([to_numpy(g) for g in grads], float(loss), float(loss_scale))
 
 
@@ -54,7 +66,7 @@ def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Re
         steps = Keras2Steps(model.optimizer)
 
         preserved = PreservedState(model, training)
-        with tf.GradientTape() as tape:
+        with forward.tape(params, x) as tape:
             tape.watch(params)  # non-trainable params are not watched by default
             activations, y_pred = forward(model, tape, x, training)
             loss = _loss(model, x, y, y_pred, sample_weight)

@@ -52,7 +52,7 @@ def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request
         model = model_ref()
         steps = Keras3Steps(model.optimizer, all_reduce)
         preserved = PreservedState(model, training)
-        with tf.GradientTape() as tape:
+        with forward.tape(params, x) as tape:
             tape.watch([p.value for p in params])  # non-trainable params are not watched by default
             activations, y_pred = forward(model, tape, x, training)
             loss = _loss(model, x, y, y_pred, sample_weight, training)

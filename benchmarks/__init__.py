@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks`` (speed, see ``speed``); ``python benchmarks/dataset_memory.py``."""

@@ -1,0 +1,5 @@
+import sys
+
+from .speed import main
+
+sys.exit(main())

@@ -1,0 +1,283 @@
+"""Per-call cost of compatgrad next to a hand-written compiled step and the naive recipe.
+
+    python -m benchmarks [--mode eager|graph|import] [--rounds 15] [--calls 20] [--graph-calls 1000]
+
+Without ``--mode`` it runs every mode this TensorFlow has, each in a fresh process (graph mode has
+to be switched on before anything is built); within a process the variants are interleaved, round
+after round, in a rotating order, with garbage collection off inside a timed block (as timeit). ``COMPATGRAD_KERAS`` picks the flavour as in the tests (tf.keras,
+keras, tf_keras, keras3). Per workload it prints the median time per call and its spread (the
+interquartile range over rounds), compatgrad / hand-written (target <= 1.10) and naive / compatgrad
+(each the median over rounds of the ratio within the round),
+and the largest difference between compatgrad's and the hand-written gradients. Then: graph ops
+added and calls per second over 1,000 graph calls (100 for the naive recipe), eager traces over batch sizes 128, 100, 64, 128,
+and the time ``import compatgrad`` adds to ``import tensorflow``.
+"""
+import argparse
+import gc
+import importlib
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+OPTIONAL = ("matplotlib", "tqdm", "scipy", "pandas", "jax", "torch", "keras", "tf_keras", "h5py")
+
+
+class Workload(NamedTuple):
+    name: str
+    model: Any
+    x: Any
+    y: Any
+    params: List[Any]  # weights, or layer outputs
+    outputs: bool  # params are layer outputs
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("eager", "graph", "import"))
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=20, help="calls per variant per round")
+    parser.add_argument("--graph-calls", type=int, default=1000)
+    args = parser.parse_args(argv)
+    if args.mode == "import":
+        return import_time()
+    if args.mode:
+        return run_mode(args.mode, args.rounds, args.calls, args.graph_calls)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    failed = 0
+    for mode in ("eager", "graph", "import"):
+        command = [sys.executable, "-m", "benchmarks", "--mode", mode, "--rounds", str(args.rounds),
+                   "--calls", str(args.calls), "--graph-calls", str(args.graph_calls)]
+        sys.stdout.flush()
+        failed |= subprocess.call(command, env=env)
+    return 1 if failed else 0
+
+
+def run_mode(mode: str, rounds: int, calls: int, graph_calls: int) -> int:
+    import tensorflow as tf
+
+    tf1 = not hasattr(tf, "function") or tf.__version__.startswith("1.")
+    flavour = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
+    keras = tf.keras if flavour == "tf.keras" else importlib.import_module("keras" if flavour == "keras3" else flavour)
+    keras3 = keras.Model.__module__.endswith(".models.model")
+    print("\n== {} mode: TF {}, {} {}".format(mode, tf.__version__, flavour, keras.__version__ if hasattr(keras, "__version__") else ""))
+    if mode == "eager" and tf1:
+        print("skipped: TF 1.x has no eager training step")
+        return 0
+    if mode == "graph" and keras3:
+        print("skipped: Keras 3 does not train in graph mode")
+        return 0
+    if mode == "graph" and not tf1:
+        tf.compat.v1.disable_eager_execution()
+
+    from compatgrad import get_gradients, layer_outputs
+
+    rng = np.random.RandomState(0)
+    workloads = build_workloads(keras, mode == "graph", rng, layer_outputs)
+    rows = []
+    for workload in workloads:
+        compat = lambda w=workload: get_gradients(w.model, w.x, w.y, w.params, verbose=0)  # noqa: E731
+        if mode == "eager":
+            hand, naive = eager_baselines(tf, keras3, workload)
+        else:
+            hand, naive = graph_baselines(keras.backend, workload)
+        difference = max(float(np.max(np.abs(a - b))) for a, b in zip(compat(), hand()))
+        # The naive graph recipe grows the graph on every call, and slows down to seconds per call.
+        counts = {"compatgrad": calls, "hand-written": calls, "naive": 1 if mode == "graph" else calls}
+        timings = interleaved({"compatgrad": compat, "hand-written": hand, "naive": naive}, rounds, counts)
+        rows.append((workload.name, timings, difference))
+    print_table(rows, "tf.function + GradientTape" if mode == "eager" else "K.function built once", rounds, calls)
+    missed = [name for name, timings, _ in rows if paired(timings, "compatgrad", "hand-written") > 1.10]
+    print("target compatgrad / hand-written <= 1.10: met on {} of {} workloads{}".format(
+        len(rows) - len(missed), len(rows), "; missed on " + ", ".join(missed) if missed else ""))
+    mismatched = [name for name, _, difference in rows if difference > 1e-4]
+    if mismatched:  # then the timings compare different computations
+        print("MISMATCH: compatgrad and the hand-written step disagree on " + ", ".join(mismatched))
+    if mode == "graph":
+        graph_growth(get_gradients, graph_baselines(keras.backend, workloads[0])[1], workloads[0], graph_calls)
+    else:
+        traces(tf, get_gradients, workloads[0].model, rng)
+    return 1 if mismatched else 0
+
+
+def build_workloads(keras: Any, graph: bool, rng: Any, layer_outputs: Callable) -> List[Workload]:
+    layers = keras.layers
+    optimizers = getattr(keras.optimizers, "legacy", None) if graph else None
+    sgd = getattr(optimizers, "SGD", None) or keras.optimizers.SGD  # graph mode trains with the legacy optimizers
+
+    def compiled(inputs: Any, outputs: Any, loss: Any) -> Any:
+        model = keras.Model(inputs, outputs)
+        model.compile(sgd(learning_rate=0.1), loss)
+        return model
+
+    def one_hot(n: int, classes: int) -> Any:
+        return np.eye(classes, dtype="float32")[rng.randint(0, classes, size=n)]
+
+    inputs = layers.Input((784,))
+    # Logits: Keras computes a crossentropy on a softmax output from its logits, which leaves the
+    # softmax output itself without a gradient.
+    crossentropy = keras.losses.CategoricalCrossentropy(from_logits=True)
+    mlp = compiled(inputs, layers.Dense(10)(layers.Dense(256, activation="relu")(inputs)), crossentropy)
+    mlp_x, mlp_y = rng.randn(128, 784).astype("float32"), one_hot(128, 10)
+
+    inputs = layers.Input((32, 32, 3))
+    hidden = layers.MaxPooling2D()(layers.Conv2D(16, 3, activation="relu")(inputs))
+    hidden = layers.GlobalAveragePooling2D()(layers.Conv2D(32, 3, activation="relu")(hidden))
+    conv = compiled(inputs, layers.Dense(10)(hidden), crossentropy)
+
+    inputs = layers.Input((20, 16))
+    lstm = compiled(inputs, layers.Dense(1)(layers.LSTM(32)(layers.LSTM(32, return_sequences=True)(inputs))), "mse")
+
+    return [
+        Workload("MLP 784-256-10, batch 128", mlp, mlp_x, mlp_y, list(mlp.trainable_weights), False),
+        Workload("conv 32x32x3, batch 64", conv, rng.randn(64, 32, 32, 3).astype("float32"), one_hot(64, 10), list(conv.trainable_weights), False),
+        Workload("2-layer LSTM 20x16, batch 64", lstm, rng.randn(64, 20, 16).astype("float32"), rng.randn(64, 1).astype("float32"), list(lstm.trainable_weights), False),
+        Workload("MLP layer outputs, batch 128", mlp, mlp_x, mlp_y, layer_outputs(mlp, [1, 2]), True),
+    ]
+
+
+def eager_baselines(tf: Any, keras3: bool, workload: Workload) -> Tuple[Callable, Callable]:
+    """The hand-written limit (a tf.function) and the naive recipe (the same, uncompiled)."""
+    model, params = workload.model, workload.params
+    forward = type(model)(model.inputs, params + [model.outputs[0]]) if workload.outputs else model
+
+    def loss_of(x: Any, y: Any, y_pred: Any) -> Any:
+        if keras3:
+            return model.compute_loss(x=x, y=y, y_pred=y_pred)
+        if hasattr(model, "compute_loss"):
+            return model.compute_loss(x, y, y_pred, None)
+        return model.compiled_loss(y, y_pred, regularization_losses=model.losses)
+
+    def step(x: Any, y: Any) -> List[Any]:
+        x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)  # the compiled loss takes tensors
+        with tf.GradientTape() as tape:
+            if workload.outputs:
+                *activations, y_pred = forward(x, training=False)
+            else:
+                y_pred = forward(x, training=False)
+            loss = loss_of(x, y, y_pred)
+        return tape.gradient(loss, activations if workload.outputs else params)
+
+    compiled = tf.function(step)
+    return (lambda: [g.numpy() for g in compiled(workload.x, workload.y)],
+            lambda: [g.numpy() for g in step(workload.x, workload.y)])
+
+
+def graph_baselines(K: Any, workload: Workload) -> Tuple[Callable, Callable]:
+    """One K.function over total_loss built by hand, and the recipe that builds it on every call."""
+    model = workload.model
+    phase = K.symbolic_learning_phase() if hasattr(K, "symbolic_learning_phase") else K.learning_phase()
+    feeds = list(model._feed_inputs) + list(model._feed_targets) + [phase]
+    values = [workload.x, workload.y, 0]
+
+    def gradients() -> List[Any]:
+        if workload.outputs:
+            return K.gradients(model.total_loss, workload.params)
+        return model.optimizer.get_gradients(model.total_loss, workload.params)
+
+    function = K.function(feeds, gradients())
+    return lambda: function(values), lambda: K.function(feeds, gradients())(values)
+
+
+def interleaved(variants: Dict[str, Callable], rounds: int, calls: Dict[str, int]) -> Dict[str, List[float]]:
+    """Seconds per call of each variant (``calls[name]`` calls a round), one figure per round; the order rotates."""
+    names = list(variants)
+    for name in names:  # trace, build, warm the caches
+        variants[name]()
+        variants[name]()
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        for name in names[round_ % len(names):] + names[: round_ % len(names)]:
+            call = variants[name]
+            gc.collect()  # as timeit: no collection of the others' garbage inside a timed block
+            gc.disable()
+            start = time.perf_counter()
+            for _ in range(calls[name]):
+                call()
+            times[name].append((time.perf_counter() - start) / calls[name])
+            gc.enable()
+    return times
+
+
+def spread(values: List[float]) -> Tuple[float, float]:
+    """Median and interquartile range."""
+    low, median, high = np.percentile(values, [25, 50, 75])
+    return float(median), float(high - low)
+
+
+def print_table(rows: list, limit: str, rounds: int, calls: int) -> None:
+    print("median ms per call (interquartile range), {} rounds x {} calls (naive graph: 1); hand-written = {}".format(rounds, calls, limit))
+    header = "{:<30} {:>16} {:>16} {:>16} {:>14} {:>13} {:>9}".format(
+        "workload", "compatgrad", "hand-written", "naive", "compat/hand", "naive/compat", "max diff")
+    print(header)
+    print("-" * len(header))
+    for name, timings, difference in rows:
+        compat, hand, naive = (spread(timings[k]) for k in ("compatgrad", "hand-written", "naive"))
+        cells = ["{:.3f} ({:.3f})".format(m * 1e3, s * 1e3) for m, s in (compat, hand, naive)]
+        print("{:<30} {:>16} {:>16} {:>16} {:>14.3f} {:>13.2f} {:>9.1e}".format(
+            name, *cells, paired(timings, "compatgrad", "hand-written"), paired(timings, "naive", "compatgrad"), difference))
+
+
+def paired(timings: Dict[str, List[float]], numerator: str, denominator: str) -> float:
+    """The median over rounds of the ratio within a round: the machine's drift between rounds cancels."""
+    return float(np.median([a / b for a, b in zip(timings[numerator], timings[denominator])]))
+
+
+def graph_growth(get_gradients: Callable, naive: Callable, workload: Workload, calls: int) -> None:
+    """Ops added and calls per second at the start and the end; the naive recipe over a tenth of the calls."""
+    graph = workload.model.total_loss.graph
+    compat = lambda: get_gradients(workload.model, workload.x, workload.y, workload.params)  # noqa: E731
+    for label, call, calls in (("compatgrad", compat, calls), ("naive", naive, max(1, calls // 10))):
+        call()
+        ops = len(graph.get_operations())
+        window = max(1, calls // 10)
+        rates = []
+        for start in range(0, calls, window):
+            began = time.perf_counter()
+            for _ in range(min(window, calls - start)):
+                call()
+            rates.append(min(window, calls - start) / (time.perf_counter() - began))
+        print("{} over {} graph calls (MLP): ops added {}, calls/s over the first {} {:.1f}, over the last {} {:.1f}".format(
+            label, calls, len(graph.get_operations()) - ops, window, rates[0], window, rates[-1]))
+
+
+def traces(tf: Any, get_gradients: Callable, model: Any, rng: Any) -> None:
+    from compatgrad import _cache
+
+    def count(function: Any) -> int:
+        return (getattr(function, "experimental_get_tracing_count", None) or function._get_tracing_count)()
+
+    hand = tf.function(lambda x: model(x, training=False))
+    sizes = (128, 100, 64, 128)
+    for size in sizes:
+        x = rng.randn(size, 784).astype("float32")
+        get_gradients(model, x, np.eye(10, dtype="float32")[rng.randint(0, 10, size=size)], verbose=0)
+        hand(x)
+    steps = [function for function in _cache.built(model) if hasattr(function, "get_concrete_function")]
+    print("traces over batch sizes {}: compatgrad {} (target <= 2), a default tf.function {}".format(
+        ", ".join(map(str, sizes)), max(count(f) for f in steps), count(hand)))
+
+
+def import_time(repeats: int = 5) -> int:
+    """Fresh processes: import tensorflow, then time import compatgrad and list what it imported."""
+    probe = (
+        "import sys, time, tensorflow; before = set(sys.modules); start = time.perf_counter(); import compatgrad; "
+        "print(time.perf_counter() - start); print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))"
+    )
+    seconds, added = [], set()
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, "-c", probe], stdout=subprocess.PIPE, check=True, universal_newlines=True).stdout.split("\n")
+        seconds.append(float(out[0]))
+        added |= set(out[1].split())
+    optional = sorted(added & set(OPTIONAL))
+    print("\n== import: compatgrad adds {:.1f} ms to import tensorflow (median of {}; target < 50 ms); "
+          "optional dependencies imported: {}".format(float(np.median(seconds)) * 1e3, repeats, ", ".join(optional) or "none"))
+    return 1 if optional else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

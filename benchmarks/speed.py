@@ -73,6 +73,9 @@ def run_mode(mode: str, rounds: int, calls: int, graph_calls: int) -> int:
         return 0
     if mode == "graph" and not tf1:
         tf.compat.v1.disable_eager_execution()
+        # A session run fixes a while_v2 loop's outputs: gradients built later (the naive recipe's,
+        # or train_on_batch's after a predict) fail on an LSTM unless the loop outputs them all.
+        tf.compat.v1.experimental.output_all_intermediates(True)
 
     from compatgrad import get_gradients, layer_outputs
 

@@ -62,7 +62,8 @@ def get_gradients(
     wanted = targets.resolve(model, params)
     backend = _backend(model, flavour)
 
-    tensor_ids = {id(t) for t in wanted.tensors}
+    input_ids = {id(t) for t in getattr(model, "inputs", None) or []}
+    output_ids = {id(t) for t in wanted.tensors if id(t) not in input_ids}  # layer outputs
 
     def make_batch(x: Any, y: Any, sample_weight: Any) -> inputs.Batch:
         return data.distributed_batch(x, y, sample_weight) or inputs.check_batch(model, x, y, sample_weight)
@@ -74,7 +75,7 @@ def get_gradients(
         missing = [name for name, g in zip(wanted.names, found) if g is None]
         if missing and unconnected == "raise":
             raise UnconnectedGradientError("params", "params the loss depends on (or unconnected='zero')", "no gradient for {}{}".format(
-                ", ".join(missing), _LOGITS_HINT if any(id(p) in tensor_ids for p, g in zip(wanted.params, found) if g is None) else ""))
+                ", ".join(missing), _LOGITS_HINT if any(id(p) in output_ids for p, g in zip(wanted.params, found) if g is None) else ""))
         grads = [_zeros_like(p, batch.size) if g is None else g for p, g in zip(wanted.params, found)]
         # A pass over every gradient, only when asked for.
         finite = return_info and all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads)

@@ -47,9 +47,11 @@ def all_reduces():
     return hasattr(importlib.import_module(kit.keras.Model.__module__.split(".models")[0] + ".losses.loss"), "scale_loss_for_distribution")
 
 
+@pytest.mark.parametrize("weighted", [True, False], ids=["weighted", "unweighted"])
 @pytest.mark.parametrize("optimizer_kwargs", [{}, {"clipnorm": 0.05}], ids=["plain", "clipnorm"])
-def test_mirrored_equals_one_device_and_its_own_step(optimizer_kwargs, rng):
+def test_mirrored_equals_one_device_and_its_own_step(optimizer_kwargs, weighted, rng):
     x, y, weights = data(rng)
+    weights = weights if weighted else None
     strategy = mirrored()
     try:
         distributed = model_on(strategy, **optimizer_kwargs)

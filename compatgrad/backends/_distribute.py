@@ -43,7 +43,7 @@ def distributed_step(strategy: Any, replica_step: Callable, tensor_count: int, c
     """
     split = combine == "concat"
 
-    def step(x: Any, y: Any, sample_weight: Any) -> tuple:
+    def step(x: Any, y: Any, sample_weight: Any = None) -> tuple:
         data = (x, y) if sample_weight is None else (x, y, sample_weight)  # no None through strategy.run
         if split and not is_distributed(tf.nest.flatten(x)[0]):  # a distributed dataset's batch is split already
             data = _split(strategy, data)

@@ -234,18 +234,18 @@ def graph_growth(get_gradients: Callable, naive: Callable, workload: Workload, c
     """Ops added and calls per second at the start and the end; the naive recipe over a tenth of the calls."""
     graph = workload.model.total_loss.graph
     compat = lambda: get_gradients(workload.model, workload.x, workload.y, workload.params)  # noqa: E731
-    for label, call, calls in (("compatgrad", compat, calls), ("naive", naive, max(1, calls // 10))):
+    for label, call, count in (("compatgrad", compat, calls), ("naive", naive, max(1, calls // 10))):
         call()
         ops = len(graph.get_operations())
-        window = max(1, calls // 10)
+        window = max(1, count // 10)
         rates = []
-        for start in range(0, calls, window):
+        for start in range(0, count, window):
             began = time.perf_counter()
-            for _ in range(min(window, calls - start)):
+            for _ in range(min(window, count - start)):
                 call()
-            rates.append(min(window, calls - start) / (time.perf_counter() - began))
+            rates.append(min(window, count - start) / (time.perf_counter() - began))
         print("{} over {} graph calls (MLP): ops added {}, calls/s over the first {} {:.1f}, over the last {} {:.1f}".format(
-            label, calls, len(graph.get_operations()) - ops, window, rates[0], window, rates[-1]))
+            label, count, len(graph.get_operations()) - ops, window, rates[0], window, rates[-1]))
 
 
 def traces(tf: Any, get_gradients: Callable, model: Any, rng: Any) -> None:

@@ -62,9 +62,6 @@ def get_gradients(
     wanted = targets.resolve(model, params)
     backend = _backend(model, flavour)
 
-    input_ids = {id(t) for t in getattr(model, "inputs", None) or []}
-    output_ids = {id(t) for t in wanted.tensors if id(t) not in input_ids}  # layer outputs
-
     def make_batch(x: Any, y: Any, sample_weight: Any) -> inputs.Batch:
         return data.distributed_batch(x, y, sample_weight) or inputs.check_batch(model, x, y, sample_weight)
 
@@ -74,8 +71,7 @@ def get_gradients(
         found = wanted.arrange(result.grads)
         missing = [name for name, g in zip(wanted.names, found) if g is None]
         if missing and unconnected == "raise":
-            raise UnconnectedGradientError("params", "params the loss depends on (or unconnected='zero')", "no gradient for {}{}".format(
-                ", ".join(missing), _LOGITS_HINT if any(id(p) in output_ids for p, g in zip(wanted.params, found) if g is None) else ""))
+            _raise_unconnected(model, wanted, found, missing)
         grads = [_zeros_like(p, batch.size) if g is None else g for p, g in zip(wanted.params, found)]
         # A pass over every gradient, only when asked for.
         finite = return_info and all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads)
@@ -92,8 +88,15 @@ def get_gradients(
     return (output, info) if return_info else output
 
 
-# The likeliest cause for a layer output: every Keras reads a softmax / sigmoid output's logits instead.
-_LOGITS_HINT = " (Keras computes a crossentropy from the logits under a softmax or sigmoid output, so that output has none; ask for the logits)"
+def _raise_unconnected(model: Any, wanted: targets.Targets, found: List[Any], missing: List[str]) -> None:
+    """Names what has no gradient; for a layer output, the likeliest cause: every Keras computes a
+    crossentropy from the logits under a softmax / sigmoid output."""
+    inputs_ = {id(t) for t in getattr(model, "inputs", None) or []}
+    tensors = {id(t) for t in wanted.tensors if id(t) not in inputs_}
+    hint = any(g is None and id(p) in tensors for p, g in zip(wanted.params, found))
+    raise UnconnectedGradientError("params", "params the loss depends on (or unconnected='zero')", "no gradient for {}{}".format(
+        ", ".join(missing), " (Keras computes a crossentropy from the logits under a softmax or sigmoid output, "
+        "so that output has none; ask for the logits)" if hint else ""))
 
 
 def _zeros_like(param: Any, batch_size: int) -> np.ndarray:

@@ -25,6 +25,10 @@ def report() -> Dict[str, Any]:
                 problems.append("Keras 3 runs on the {!r} backend; compatgrad needs KERAS_BACKEND=tensorflow".format(backend))
         elif name == "keras":
             entry["compatgrad backend"] = "graph" if not eager else "none (standalone Keras: TF 1.x graph mode only)"
+            if entry["version"].startswith("2.2."):
+                notes.append("standalone Keras {}: train_on_batch orders its weight updates after the loss only, not after "
+                             "the gradients that read those weights, so it applies a gradient that varies from run to run; "
+                             "compatgrad returns the gradient at the current weights (Keras 2.3 does not race)".format(entry["version"]))
         else:
             has_train_step = hasattr(keras.Model, "train_step")
             entry["compatgrad backend"] = "keras2" if eager and has_train_step else "graph"

@@ -118,15 +118,35 @@ def _read(variable: Any) -> np.ndarray:
 
 
 def graph_session(variable: Any) -> Any:
-    """The default session if one is set, else the session of the Keras whose graph holds ``variable``."""
+    """The session holding ``variable``: the default session, else a Keras session already running
+    its graph, else a new session of the first Keras imported whose graph it is.
+
+    A live session goes first: several Keras copies can share one graph (TF 2.5's tf.keras beside
+    the keras package), and another copy's new session would not hold the variable's value.
+    """
     import tensorflow as tf
 
     session = tf.compat.v1.get_default_session()
     if session is not None and session.graph is variable.graph:
         return session
+    backends = []
     for root in ("tf_keras.src", "tf_keras", "keras.src", "keras", "tensorflow.python.keras", "tensorflow_core.python.keras"):
         backend = sys.modules.get(root + ".backend")
-        get_session = getattr(backend, "get_session", None)
-        if get_session is not None and getattr(backend, "get_graph", lambda: None)() is variable.graph:
-            return get_session()
+        # Standalone Keras 2.2 has no get_graph: its session runs the default graph.
+        get_graph = getattr(backend, "get_graph", tf.compat.v1.get_default_graph)
+        if hasattr(backend, "get_session") and get_graph() is variable.graph:
+            backends.append(backend)
+    for backend in backends:
+        live = _live_session(backend)
+        if live is not None and live.graph is variable.graph:
+            return live
+    if backends:
+        return backends[0].get_session()
     raise InvalidArgumentError("variable", "a variable of the default session or of a Keras session (graph mode)", name_of(variable))
+
+
+def _live_session(backend: Any) -> Any:
+    """The session a Keras backend has made, without making one: ``_SESSION.session`` (tf.keras, tf_keras,
+    standalone Keras 2.3 shares tf.keras') or standalone Keras 2.2's global ``tensorflow_backend._SESSION``."""
+    state = getattr(backend, "_SESSION", None) or getattr(getattr(backend, "tensorflow_backend", None), "_SESSION", None)
+    return state if hasattr(state, "run") else getattr(state, "session", None)

@@ -1,3 +1,6 @@
+import os
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -14,6 +17,43 @@ def pytest_terminal_summary(terminalreporter):
         worst = max(float32 or kit.PARITY_DIFFERENCES)
         terminalreporter.write_line("parity: {} comparisons with train_on_batch ({} mode), largest float32 difference {:.3g} in {}".format(
             len(kit.PARITY_DIFFERENCES), kit.MODE, worst[0], worst[1]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cell_properties(record_testsuite_property):
+    """What tools/compat_table.py reads from the JUnit XML of a run (tox writes it to .tox/results)."""
+    properties = {
+        "tensorflow": kit.tf.__version__, "flavour": kit.FLAVOUR, "keras": _keras_version(), "mode": kit.MODE,
+        "train_step": hasattr(kit.keras.Model, "train_step"), "commit": _commit(),
+    }
+    for name, value in properties.items():
+        record_testsuite_property(name, value)
+    yield
+    float32 = [d for d, test in kit.PARITY_DIFFERENCES if "mixed" not in test]
+    record_testsuite_property("parity_comparisons", len(kit.PARITY_DIFFERENCES))
+    record_testsuite_property("largest_parity_difference", max(float32) if float32 else "")
+
+
+def _keras_version():
+    version = getattr(kit.keras, "__version__", None)  # None for tf.keras 2.13-2.15 and tf_keras
+    if version:
+        return version
+    try:
+        from importlib.metadata import version as distribution_version  # Python >= 3.8
+        return distribution_version("tf-keras" if kit.FLAVOUR == "tf_keras" else "keras")
+    except Exception:  # Python 3.7, or tf.keras of a TF that ships no keras package
+        return ""
+
+
+def _commit():
+    """The commit under test, "-dirty" when the work tree differs from it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=root, stderr=subprocess.DEVNULL)
+        dirty = subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit.decode().strip() + ("-dirty" if dirty.strip() else "")
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,8 @@ def _two_logical_cpus():
     """Eager cells split the CPU in two devices, before TensorFlow starts, for MirroredStrategy tests."""
     configure = getattr(tf.config, "set_logical_device_configuration", None) or tf.config.experimental.set_virtual_device_configuration
     configuration = getattr(tf.config, "LogicalDeviceConfiguration", None) or tf.config.experimental.VirtualDeviceConfiguration
-    configure(tf.config.list_physical_devices("CPU")[0], [configuration(), configuration()])
+    devices = getattr(tf.config, "list_physical_devices", None) or tf.config.experimental.list_physical_devices
+    configure(devices("CPU")[0], [configuration(), configuration()])
 
 
 if not GRAPH:
@@ -55,7 +56,14 @@ OPTIMIZERS = _optimizer_classes()
 def sgd(name=None, **kwargs):
     """SGD(learning_rate=1.0): then w0 - w1 is exactly the gradient the step applied."""
     cls = OPTIMIZERS[name or next(iter(OPTIMIZERS))]
-    return cls(learning_rate=kwargs.pop("learning_rate", 1.0), **kwargs)
+    return make_optimizer(cls, learning_rate=kwargs.pop("learning_rate", 1.0), **kwargs)
+
+
+def make_optimizer(cls, learning_rate=None, **kwargs):
+    """``cls(learning_rate=...)``; standalone Keras 2.2 names it ``lr``."""
+    if learning_rate is not None:
+        kwargs["learning_rate" if "learning_rate" in inspect.signature(cls.__init__).parameters else "lr"] = learning_rate
+    return cls(**kwargs)
 
 
 def values(variables):
@@ -70,18 +78,40 @@ def assign(variable, value):
 
 def train(model, x, y, sample_weight=None, class_weight=None, keep_metrics=False):
     """train_on_batch; keep_metrics: do not reset the metrics (Keras 3 always resets them first)."""
-    kwargs = {} if KERAS3 or not keep_metrics else {"reset_metrics": False}
+    takes_reset = "reset_metrics" in inspect.signature(model.train_on_batch).parameters  # not standalone Keras 2.2
+    kwargs = {"reset_metrics": False} if keep_metrics and takes_reset else {}
     if class_weight is not None:
         kwargs["class_weight"] = class_weight
     return model.train_on_batch(x, y, sample_weight=sample_weight, **kwargs)
 
 
+# Standalone Keras 2.2 updates RefVariables ordered after the loss only, not after the gradients that
+# read them: its train_on_batch may read a weight that another update has already changed, and applies
+# a gradient that varies from run to run (seen on TF 1.14 and 1.15; Keras 2.3 uses resource variables).
+RACY_TRAIN_STEP = FLAVOUR == "keras" and keras.__version__.startswith("2.2.")
+
+
 def train_step_delta(model, x, y, sample_weight=None, class_weight=None):
-    """w0 - w1 for the model's trainable weights after one train_on_batch (with SGD(1.0): the gradient)."""
+    """w0 - w1 for the model's trainable weights after one train_on_batch (with SGD(1.0): the gradient).
+
+    Where that step races (RACY_TRAIN_STEP), the gradient its get_updates starts from instead: the
+    optimizer's own get_gradients of total_loss, fed as train_on_batch feeds its train function.
+    """
     weights = list(model.trainable_weights)
     before = values(weights)
+    expected = _race_free_step_gradients(model, x, y, sample_weight, class_weight) if RACY_TRAIN_STEP else None
     train(model, x, y, sample_weight=sample_weight, class_weight=class_weight)
-    return [b - a for b, a in zip(before, values(weights))]
+    return expected if RACY_TRAIN_STEP else [b - a for b, a in zip(before, values(weights))]
+
+
+def _race_free_step_gradients(model, x, y, sample_weight, class_weight):
+    xs, ys, weights = model._standardize_user_data(x, y, sample_weight=sample_weight, class_weight=class_weight)
+    feeds = model._feed_inputs + model._feed_targets + model._feed_sample_weights
+    fed = xs + ys + weights
+    if model._uses_dynamic_learning_phase():
+        feeds, fed = feeds + [backend.learning_phase()], fed + [1.0]
+    gradients = model.optimizer.get_gradients(model.total_loss, list(model.trainable_weights))
+    return backend.function(feeds, [tf.convert_to_tensor(g) for g in gradients])(fed)  # IndexedSlices: dense
 
 
 def reference_gradients(model, x, y, weights, training):
@@ -174,7 +204,8 @@ def optimizer_variables(optimizer):
 
 
 def metric_variables(model):
-    return [v for metric in model.metrics for v in (metric.variables if hasattr(metric, "variables") else metric.weights)]
+    """Standalone Keras 2.2 lists its compile arguments (names, functions) as metrics: no variables."""
+    return [v for metric in model.metrics for v in getattr(metric, "variables", None) or getattr(metric, "weights", None) or []]
 
 
 def graph_of(model):

@@ -59,6 +59,8 @@ def test_no_side_effects(opt, policy, rng):
     if not kit.GRAPH:
         assert model.train_function is train_function
 
+    if kit.RACY_TRAIN_STEP:
+        pytest.skip("standalone Keras 2.2 trains two identical models differently (its step races): no twin to compare with")
     if not twins_agree:  # seen on TF 2.2 graph mode, mixed_float16: the first model's first step is skipped
         pytest.skip("this Keras trained two identical models differently before compatgrad ran: no twin to compare with")
     for m in (model, twin):

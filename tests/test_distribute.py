@@ -149,7 +149,8 @@ def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
     for index in range(2):
         env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
         env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(worker)), env.get("PYTHONPATH", "")])
-        command = [sys.executable, worker, str(tmp_path / "inputs.npz"), str(index), str(tmp_path / "grads{}.npz".format(index))]
+        results = [str(tmp_path / "grads{}.npz".format(i)) for i in range(2)]
+        command = [sys.executable, worker, str(tmp_path / "inputs.npz"), str(index)] + results
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     try:
         outputs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in processes]

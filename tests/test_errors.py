@@ -103,14 +103,30 @@ def test_unknown_model_type():
         get_gradients(object(), X, Y)
 
 
-@pytest.mark.skipif(not (kit.GRAPH and hasattr(kit.keras.optimizers, "legacy") and kit.FLAVOUR != "keras"),
-                    reason="only where graph mode exists next to the new (2.11+) optimizers")
+def new_optimizer_class():
+    """An SGD without get_updates: the default from TF 2.11, optimizers.experimental in 2.9-2.10; else None."""
+    optimizers = kit.keras.optimizers
+    for cls in (optimizers.SGD, getattr(getattr(optimizers, "experimental", None), "SGD", None)):
+        if cls is not None and not hasattr(cls, "get_updates"):
+            return cls
+    return None
+
+
+@pytest.mark.skipif(not kit.GRAPH or kit.FLAVOUR == "keras" or new_optimizer_class() is None,
+                    reason="only where graph mode exists next to the new (2.9+) optimizers")
 def test_new_optimizer_in_graph_mode():
     try:
-        model = compiled(optimizer=kit.keras.optimizers.SGD(learning_rate=1.0))
+        model = compiled(optimizer=new_optimizer_class()(learning_rate=1.0))
     except (TypeError, ValueError, AttributeError) as error:
         pytest.skip("this Keras refuses the new optimizer at compile time already: {}".format(error))
     raises(errors.ModeError, "legacy", model, X, Y)
+
+
+@pytest.mark.skipif(kit.GRAPH or hasattr(kit.keras.Model, "train_step"),
+                    reason="only eager Keras without train_step (TF 2.0-2.1), whose step compatgrad cannot match")
+def test_eager_keras_with_no_train_step_is_refused():
+    model = compiled()
+    raises(errors.UnsupportedModelError, "no train_step.*disable_eager_execution", model, X, Y)
 
 
 @pytest.mark.skipif(kit.GRAPH, reason="needs a model built eagerly")

@@ -216,7 +216,7 @@ def test_finite_differences_conv_net(rng):
             layers.Dense(2),
         ])
         model.compile(kit.sgd(), "mse")
-        assert all(w.dtype == "float64" for w in model.weights)
+        assert all(value.dtype == np.float64 for value in kit.values(model.weights))
         x, y = rng.randn(4, 6, 6, 2), rng.randn(4, 2)
         grads = get_gradients(model, x, y)
         eps = 1e-6

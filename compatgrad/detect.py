@@ -1,6 +1,7 @@
 """Which Keras flavour a model is, told by its class's module and attributes, never by version strings."""
 import re
 import sys
+import weakref
 from typing import NamedTuple, Optional
 
 from .errors import UnsupportedModelError
@@ -18,17 +19,29 @@ class Flavour(NamedTuple):
 
 
 def flavour_of(model: object) -> Flavour:
-    for cls in type(model).__mro__:
+    # Everything it depends on is a property of the class: looked up once per class.
+    cls = type(model)
+    flavour = _FLAVOURS.get(cls)
+    if flavour is None:
+        flavour = _FLAVOURS[cls] = _flavour_of_class(cls)
+    return flavour
+
+
+_FLAVOURS: "weakref.WeakKeyDictionary[type, Flavour]" = weakref.WeakKeyDictionary()
+
+
+def _flavour_of_class(model_cls: type) -> Flavour:
+    for cls in model_cls.__mro__:
         module = getattr(cls, "__module__", "") or ""
         match = _KERAS3.match(module)
         if match and cls.__name__ == "Model":
             return Flavour("keras3", match.group("root"), graph=False)
         match = _KERAS2.match(module)
         if match and cls.__name__ == "Model":
-            return _keras2_flavour(model, match.group("root"), bool(match.group("v1")))
+            return _keras2_flavour(model_cls, match.group("root"), bool(match.group("v1")))
     raise UnsupportedModelError(
         "model: expected a compiled Keras model (tf.keras, tf_keras, Keras 3 or standalone Keras 2), "
-        "got {}.{}".format(type(model).__module__, type(model).__name__)
+        "got {}.{}".format(model_cls.__module__, model_cls.__name__)
     )
 
 
@@ -41,10 +54,10 @@ def model_class(model: object) -> type:
     raise UnsupportedModelError("model: no Keras Model class among the bases of {}".format(type(model).__name__))
 
 
-def _keras2_flavour(model: object, root: str, v1: bool) -> Flavour:
+def _keras2_flavour(model_cls: type, root: str, v1: bool) -> Flavour:
     tf = sys.modules.get("tensorflow")
     # Standalone Keras 2.2/2.3 layers are plain Python objects; every tf.keras layer is a tf.Module.
-    standalone = tf is None or not isinstance(model, tf.Module)
+    standalone = tf is None or not issubclass(model_cls, tf.Module)
     if standalone:
         name = "keras"
     elif root.startswith("tf_keras"):
@@ -52,7 +65,7 @@ def _keras2_flavour(model: object, root: str, v1: bool) -> Flavour:
     else:
         name = "tf.keras"
     # Before TF 2.2 the Model class has no train_step: only its graph engine can be matched.
-    graph = v1 or standalone or not hasattr(model, "train_step")
+    graph = v1 or standalone or not hasattr(model_cls, "train_step")
     return Flavour(name, root, graph)
 
 

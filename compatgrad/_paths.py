@@ -17,7 +17,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "data_adapter": ("engine.data_adapter",),
     # Keras 3: class_weight_to_sample_weights, as train_on_batch uses it.
     "data_adapter_utils": ("trainers.data_adapters.data_adapter_utils",),
-    # Keras 3: scale_loss_for_distribution (3.4+), with which the optimizer's all-reduce took effect.
+    # Keras 3: scale_loss_for_distribution (3.8+): each replica's loss divided by the replica count.
     "losses": ("losses.loss",),
     # Progbar for whole-dataset gradients.
     "progbar": ("utils.progbar", "utils.generic_utils"),

@@ -38,13 +38,15 @@ def data(rng, n=32):
     return rng.randn(n, 5).astype("float32"), rng.randn(n, 1).astype("float32"), rng.uniform(0, 2, size=n).astype("float32")
 
 
-def all_reduces():
-    """Keras < 3.4 all-reduces inside merge_call, where it does nothing: each worker applies its own gradient."""
+def replicas_combine():
+    """How the step combines the replicas' gradients, told by the Keras version (not by compatgrad's code):
+    "mean" (Keras 2, Keras 3 >= 3.8: summed, each replica's loss divided by the replica count),
+    "sum" (Keras 3.5-3.7: summed, every replica has all of the loss), "own" (Keras 3.0-3.4: the
+    all-reduce runs inside merge_call, where it does nothing, so each replica applies its own)."""
     if not kit.KERAS3:
-        return True
-    import importlib
-
-    return hasattr(importlib.import_module(kit.keras.Model.__module__.split(".models")[0] + ".losses.loss"), "scale_loss_for_distribution")
+        return "mean"
+    version = tuple(int(part) for part in kit.keras.__version__.split(".")[:2])
+    return "own" if version < (3, 5) else "sum" if version < (3, 8) else "mean"
 
 
 @pytest.mark.parametrize("weighted", [True, False], ids=["weighted", "unweighted"])
@@ -63,17 +65,20 @@ def test_mirrored_equals_one_device_and_its_own_step(optimizer_kwargs, weighted,
     params = list(distributed.trainable_weights) + layer_outputs(distributed, ["hidden"])
     grads = get_gradients(distributed, x, y, params, sample_weight=weights)
     reference = get_gradients(single, x, y, list(single.trainable_weights) + layer_outputs(single, ["hidden"]), sample_weight=weights)
-    # Keras 3 clips each replica's part before the cross-replica sum: with clipping, not one device's gradient.
-    if not (kit.KERAS3 and optimizer_kwargs and all_reduces()):
-        assert kit.max_difference(grads, reference) <= TOL
+    # Keras 3 gives both replicas the whole batch: summed with all of the loss on each, twice one device's.
+    factor = 2 if replicas_combine() == "sum" else 1
+    assert kit.max_difference(grads[4:], reference[4:]) <= TOL  # the activations' gradients are each replica's
+    if kit.KERAS3 and optimizer_kwargs and replicas_combine() == "mean":
+        # Keras 3 clips each replica's half of the gradient before the sum: not one device's clipped gradient.
+        assert kit.max_difference(grads[:4], reference[:4]) > 1e-3
     else:
-        assert kit.max_difference(grads[4:], reference[4:]) <= TOL and kit.max_difference(grads[:4], reference[:4]) > 1e-3
+        assert kit.max_difference(grads[:4], [factor * r for r in reference[:4]]) <= TOL
     assert kit.parity_difference(grads[:4], kit.train_step_delta(distributed, x, y, sample_weight=weights)) <= TOL
 
 
 def test_distributed_dataset_gives_the_same_gradient(rng):
-    if not all_reduces():
-        pytest.skip("Keras < 3.4 does not all-reduce: each replica applies the gradient of its own part of the batch")
+    if replicas_combine() != "mean":
+        pytest.skip("Keras 3 < 3.8 does not average over replicas: not one device's gradient on the whole batch")
     x, y, weights = data(rng)
     strategy = mirrored()
     distributed, single = model_on(strategy), model_on()
@@ -158,15 +163,15 @@ def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
         for p in processes:
             p.kill()
     assert all(p.returncode == 0 for p in processes), "\n".join(o[-3000:] for o in outputs)
-    if all_reduces():
+    if replicas_combine() == "mean":
         expected = [kit.train_step_delta(single, x, y, sample_weight=weights)] * 2
-    else:
-        halves = [slice(0, 16), slice(16, 32)]
-        expected = []
-        for rows in halves:
+    else:  # each worker's own half, or the sum of both halves' gradients
+        halves = []
+        for rows in (slice(0, 16), slice(16, 32)):
             half = model_on()
             half.set_weights(single.get_weights())
-            expected.append(kit.train_step_delta(half, x[rows], y[rows], sample_weight=weights[rows]))
+            halves.append(kit.train_step_delta(half, x[rows], y[rows], sample_weight=weights[rows]))
+        expected = halves if replicas_combine() == "own" else [[a + b for a, b in zip(*halves)]] * 2
     for index in range(2):
         grads = np.load(str(tmp_path / "grads{}.npz".format(index)))
         assert kit.parity_difference([grads["arr_{}".format(i)] for i in range(4)], expected[index]) <= TOL

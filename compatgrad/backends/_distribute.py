@@ -2,9 +2,9 @@
 
 Keras 2 (``single_batch_iterator``) splits this worker's batch across its replicas; Keras 3
 (``train_on_batch``) hands every replica the whole batch. The losses are already divided by the
-replica count (except Keras < 3.4, whose optimizer does not all-reduce either), so the per-replica
+replica count (except Keras 3 < 3.8, where every replica has all of the loss), so the per-replica
 losses add up to the batch loss, and the gradients come out of the optimizer's aggregation as the
-cross-replica sum, the same on every replica.
+cross-replica sum, the same on every replica (Keras 3.0-3.4 do not sum: each replica keeps its own).
 """
 from typing import Any, Callable, List, Optional
 
@@ -39,7 +39,7 @@ def distributed_step(strategy: Any, replica_step: Callable, tensor_count: int, c
     Gradients of variables are the same on every replica (taken from the first). Gradients of
     graph tensors belong to each replica's examples: "concat" splits the batch across replicas
     and joins them back; "sum" gives every replica the whole batch and 1/replicas of the loss;
-    "first" gives every replica the whole batch and all of the loss (Keras < 3.4).
+    "first" gives every replica the whole batch and all of the loss (Keras 3 < 3.8).
     """
     split = combine == "concat"
 

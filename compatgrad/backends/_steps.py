@@ -126,12 +126,13 @@ def _standalone_keras_clip(optimizer: Any, grads: List[Any]) -> List[Any]:
 
 
 class Keras3Steps(Steps):
-    def __init__(self, optimizer: Any, all_reduce: bool = True):
+    def __init__(self, optimizer: Any):
         self.optimizer = optimizer
-        # Keras < 3.4 called _all_reduce_sum_gradients inside merge_call, where it does nothing:
-        # each replica applied its own gradient (and did not divide its loss by the replica count).
-        self.all_reduce = all_reduce
         self.inner = getattr(optimizer, "inner_optimizer", optimizer)
+        # Keras < 3.5 calls _all_reduce_sum_gradients inside merge_call, where it does nothing: each
+        # replica applies its own gradient. Told by what the update step itself calls.
+        update_step = getattr(type(self.inner), "_backend_update_step", None)
+        self.all_reduce = update_step is None or "_all_reduce_sum_gradients" in update_step.__code__.co_names
         self.clips = any(getattr(self.inner, name, None) for name in ("clipnorm", "global_clipnorm", "clipvalue"))
 
     def scale(self, loss: Any) -> Any:

@@ -46,11 +46,12 @@ def _to_tensor(value: Any) -> Any:
 
 def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request: Request, strategy: Optional[Any]) -> Any:
     params, training = request.params, request.training
-    all_reduce = hasattr(_paths.load(flavour.root, "losses"), "scale_loss_for_distribution")
+    # Keras >= 3.8 divides each replica's loss by the replica count; before, every replica has all of it.
+    losses_divided = hasattr(_paths.load(flavour.root, "losses"), "scale_loss_for_distribution")
 
     def step(x: Any, y: Any, sample_weight: Any = None) -> tuple:
         model = model_ref()
-        steps = Keras3Steps(model.optimizer, all_reduce)
+        steps = Keras3Steps(model.optimizer)
         preserved = PreservedState(model, training)
         with forward.tape(params, x) as tape:
             tape.watch([p.value for p in params])  # non-trainable params are not watched by default
@@ -62,7 +63,7 @@ def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request
         return grads, loss, steps.scale(tf.ones_like(loss))
 
     if strategy is not None:  # as train_on_batch: every replica gets the whole batch
-        combine = "sum" if all_reduce else "first"  # each replica's share of the loss, or all of it
+        combine = "sum" if losses_divided else "first"  # each replica's share of the loss, or all of it
         return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), combine))
     return _paths.relaxed_function(step)
 

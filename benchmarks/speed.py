@@ -193,7 +193,11 @@ def graph_baselines(K: Any, workload: Workload) -> Tuple[Callable, Callable]:
 
 
 def interleaved(variants: Dict[str, Callable], rounds: int, calls: Dict[str, int]) -> Dict[str, List[float]]:
-    """Seconds per call of each variant (``calls[name]`` calls a round), one figure per round; the order rotates."""
+    """Seconds per call of each variant (``calls[name]`` calls a round), one figure per round; the order rotates.
+
+    A round's figure is the median of its calls, each timed alone: a burst of load from elsewhere
+    on the machine lengthens a few calls, not the figure (a mean over the round takes it in).
+    """
     names = list(variants)
     for name in names:  # trace, build, warm the caches
         variants[name]()
@@ -204,10 +208,12 @@ def interleaved(variants: Dict[str, Callable], rounds: int, calls: Dict[str, int
             call = variants[name]
             gc.collect()  # as timeit: no collection of the others' garbage inside a timed block
             gc.disable()
-            start = time.perf_counter()
+            each = []
             for _ in range(calls[name]):
+                start = time.perf_counter()
                 call()
-            times[name].append((time.perf_counter() - start) / calls[name])
+                each.append(time.perf_counter() - start)
+            times[name].append(float(np.median(each)))
             gc.enable()
     return times
 
@@ -220,20 +226,27 @@ def spread(values: List[float]) -> Tuple[float, float]:
 
 def print_table(rows: list, limit: str, rounds: int, calls: int) -> None:
     print("median ms per call (interquartile range), {} rounds x {} calls (naive graph: 1); hand-written = {}".format(rounds, calls, limit))
-    header = "{:<30} {:>16} {:>16} {:>16} {:>14} {:>13} {:>9}".format(
+    print("compat/hand: the median over rounds of the ratio within a round (its interquartile range over rounds)")
+    header = "{:<30} {:>16} {:>16} {:>16} {:>20} {:>13} {:>9}".format(
         "workload", "compatgrad", "hand-written", "naive", "compat/hand", "naive/compat", "max diff")
     print(header)
     print("-" * len(header))
     for name, timings, difference in rows:
         compat, hand, naive = (spread(timings[k]) for k in ("compatgrad", "hand-written", "naive"))
         cells = ["{:.3f} ({:.3f})".format(m * 1e3, s * 1e3) for m, s in (compat, hand, naive)]
-        print("{:<30} {:>16} {:>16} {:>16} {:>14.3f} {:>13.2f} {:>9.1e}".format(
-            name, *cells, paired(timings, "compatgrad", "hand-written"), paired(timings, "naive", "compatgrad"), difference))
+        low, high = np.percentile(ratios(timings, "compatgrad", "hand-written"), [25, 75])
+        ratio = "{:.3f} ({:.2f}-{:.2f})".format(paired(timings, "compatgrad", "hand-written"), low, high)
+        print("{:<30} {:>16} {:>16} {:>16} {:>20} {:>13.2f} {:>9.1e}".format(
+            name, *cells, ratio, paired(timings, "naive", "compatgrad"), difference))
+
+
+def ratios(timings: Dict[str, List[float]], numerator: str, denominator: str) -> List[float]:
+    return [a / b for a, b in zip(timings[numerator], timings[denominator])]
 
 
 def paired(timings: Dict[str, List[float]], numerator: str, denominator: str) -> float:
     """The median over rounds of the ratio within a round: the machine's drift between rounds cancels."""
-    return float(np.median([a / b for a, b in zip(timings[numerator], timings[denominator])]))
+    return float(np.median(ratios(timings, numerator, denominator)))
 
 
 def graph_growth(get_gradients: Callable, naive: Callable, workload: Workload, calls: int) -> None:

@@ -23,7 +23,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 MODES = ("eager", "graph")
 BEGIN, END = "<!-- compat-table -->", "<!-- /compat-table -->"
-FLAVOURS = {"tf.keras": "tf.keras", "keras": "standalone Keras", "tf_keras": "tf_keras", "keras3": "Keras 3"}
+FLAVOURS = {"tf.keras": "tf.keras", "keras": "standalone Keras", "tf_keras": "tf_keras", "keras3": "Keras"}
 
 
 class Run(NamedTuple):
@@ -93,7 +93,7 @@ def not_applicable(mode: str, other: Optional[Run]) -> str:
     if mode == "eager" and properties.get("tensorflow", "").startswith("1."):
         return "n/a (TF 1.x)"
     if mode == "graph" and properties.get("flavour") == "keras3":
-        return "refused: Keras 3 has no graph mode"
+        return "refused (ModeError): Keras 3 has no graph mode"
     return "not run"
 
 
@@ -102,7 +102,7 @@ def mode_cell(run: Optional[Run], mode: str, other: Optional[Run]) -> str:
         return not_applicable(mode, other)
     counts = "{} / {} / {}".format(run.passed, run.failed, run.skipped)
     if mode == "eager" and run.properties.get("train_step") == "False":
-        return "refused: no train_step ({} refusal test passed, {} failed)".format(run.passed, run.failed)
+        return "refused (UnsupportedModelError): no train_step; refusal test {} passed / {} failed".format(run.passed, run.failed)
     return counts
 
 

@@ -118,11 +118,12 @@ def _read(variable: Any) -> np.ndarray:
 
 
 def graph_session(variable: Any) -> Any:
-    """The session holding ``variable``: the default session, else a Keras session already running
-    its graph, else a new session of the first Keras imported whose graph it is.
+    """The session holding ``variable``: the default session, else that of the Keras that tracks it
+    (tf.keras, tf_keras, keras-nightly: each keeps the variables it made per graph), else a Keras
+    session already running its graph, else the first Keras imported whose graph it is.
 
-    A live session goes first: several Keras copies can share one graph (TF 2.5's tf.keras beside
-    the keras package), and another copy's new session would not hold the variable's value.
+    Several Keras copies can share one graph (TF 2.5's tf.keras beside the keras package), and a
+    session of the wrong copy would not hold the variable's value.
     """
     import tensorflow as tf
 
@@ -134,8 +135,12 @@ def graph_session(variable: Any) -> Any:
         backend = sys.modules.get(root + ".backend")
         # Standalone Keras 2.2 has no get_graph: its session runs the default graph.
         get_graph = getattr(backend, "get_graph", tf.compat.v1.get_default_graph)
-        if hasattr(backend, "get_session") and get_graph() is variable.graph:
+        if hasattr(backend, "get_session") and get_graph() is variable.graph and backend not in backends:
             backends.append(backend)
+    for backend in backends:
+        tracked = getattr(backend, "_GRAPH_VARIABLES", {}).get(variable.graph, ())
+        if any(v is variable for v in tracked):
+            return backend.get_session()
     for backend in backends:
         live = _live_session(backend)
         if live is not None and live.graph is variable.graph:

@@ -1,4 +1,5 @@
 """Per-model caches of built gradient functions, dropped with the model and rebuilt on recompile."""
+import operator
 import weakref
 from typing import Any, Callable, Dict, Hashable, Sequence, Tuple
 
@@ -10,9 +11,11 @@ def cached(model: Any, key: Hashable, state: Sequence[Any], build: Callable[[], 
 
     Built functions must hold the model only weakly, or the model would never be freed.
     """
-    entries = _MODELS.setdefault(model, {})
+    entries = _MODELS.get(model)
+    if entries is None:
+        entries = _MODELS[model] = {}
     entry = entries.get(key)
-    if entry is None or len(entry[0]) != len(state) or any(a is not b for a, b in zip(entry[0], state)):
+    if entry is None or len(entry[0]) != len(state) or not all(map(operator.is_, entry[0], state)):
         entry = (tuple(state), build())
         entries[key] = entry
     return entry[1]

@@ -9,7 +9,7 @@ import functools
 import importlib
 import inspect
 from types import ModuleType
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 MODULES: Dict[str, Tuple[str, ...]] = {
     "backend": ("backend",),
@@ -35,14 +35,24 @@ def load(root: str, name: str) -> ModuleType:
     raise ImportError("no {} module under {}: {}".format(name, root, "; ".join(errors)))
 
 
-def relaxed_function(fn: Callable) -> Callable:
-    """``tf.function`` that stops retracing when only the batch size changes, as Keras' train function.
+def relaxed_function(fn: Callable, weighted: bool) -> Callable:
+    """``tf.function`` of ``fn(x, y)``, or ``fn(x, y, sample_weight)`` if ``weighted``, that stops
+    retracing when only the batch size changes, as Keras' train function.
 
     ``reduce_retracing`` (TF >= 2.9) generalizes on the first new batch size; its predecessor
-    ``experimental_relax_shapes`` on the second, so one trace more there.
+    ``experimental_relax_shapes`` on the second, so one trace more there. One arity a function:
+    binding a defaulted ``sample_weight=None`` costs tf.function 50-80 us a call (TF 2.15, 2.21),
+    and calls of two arities break reduce_retracing (TF 2.15 fails to generalize across them).
     """
     import tensorflow as tf
 
     parameters = inspect.signature(tf.function).parameters
     keyword = "reduce_retracing" if "reduce_retracing" in parameters else "experimental_relax_shapes"
-    return tf.function(fn, **{keyword: True})
+
+    def weighted_step(x: Any, y: Any, sample_weight: Any) -> Any:
+        return fn(x, y, sample_weight)
+
+    def step(x: Any, y: Any) -> Any:
+        return fn(x, y)
+
+    return tf.function(weighted_step if weighted else step, **{keyword: True})

@@ -61,11 +61,12 @@ def get_gradients(
     unconnected = inputs.check_unconnected(unconnected)
     wanted = targets.resolve(model, params)
     backend = _backend(model, flavour)
+    dataset = data.is_dataset(x)
 
     def make_batch(x: Any, y: Any, sample_weight: Any) -> inputs.Batch:
         return data.distributed_batch(x, y, sample_weight) or inputs.check_batch(model, x, y, sample_weight)
 
-    def batch_gradients(batch: inputs.Batch) -> Tuple[List[Any], GradientInfo]:
+    def batch_gradients(batch: inputs.Batch) -> Tuple[List[Any], Optional[GradientInfo]]:
         request = Request(batch, wanted.variables, wanted.tensors, training, bool(clip), class_weight, bool(sparse))
         result = backend.gradients(model, flavour, request)
         found = wanted.arrange(result.grads)
@@ -73,11 +74,12 @@ def get_gradients(
         if missing and unconnected == "raise":
             _raise_unconnected(model, wanted, found, missing)
         grads = [_zeros_like(p, batch.size) if g is None else g for p, g in zip(wanted.params, found)]
-        # A pass over every gradient, only when asked for.
+        if not (return_info or dataset):  # reading the loss and a pass over every gradient: only when used
+            return grads, None
         finite = return_info and all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads)
-        return grads, GradientInfo(result.loss, result.loss_scale, bool(finite))
+        return grads, GradientInfo(float(result.loss), float(result.loss_scale), bool(finite))
 
-    if data.is_dataset(x):
+    if dataset:
         data.check_dataset_arguments(y, sample_weight, sparse, wanted.tensors)
         grads, loss, loss_scale, finite = data.over_dataset(model, flavour.root, x, steps, verbose, make_batch, batch_gradients)
         info = GradientInfo(loss, loss_scale, finite)
@@ -110,10 +112,22 @@ def _zeros_like(param: Any, batch_size: int) -> np.ndarray:
 
 
 def _backend(model: Any, flavour: Flavour) -> Any:
+    """The backend module for this flavour in the current mode; only a supported pair is remembered."""
+    tf = sys.modules.get("tensorflow")  # absent only for a Keras 3 model on another backend
+    key = (flavour, tf is not None and tf.executing_eagerly())
+    backend = _BACKENDS.get(key)
+    if backend is None:
+        backend = _BACKENDS[key] = _choose_backend(model, flavour, key[1])
+    return backend
+
+
+_BACKENDS: Dict[Tuple[Flavour, bool], Any] = {}
+
+
+def _choose_backend(model: Any, flavour: Flavour, eager: bool) -> Any:
     if flavour.name == "keras3":
         return _keras3_backend(flavour)
     tf = sys.modules["tensorflow"]
-    eager = tf.executing_eagerly()
     if flavour.graph and not eager:
         from .backends import graph
 

@@ -16,7 +16,7 @@ class SparseGradient(NamedTuple):
 
     @classmethod
     def from_parts(cls, values: Any, indices: Any, dense_shape: Any) -> "SparseGradient":
-        return cls(np.asarray(values), np.asarray(indices), tuple(int(d) for d in np.asarray(dense_shape)))
+        return cls(np.array(values), np.array(indices), tuple(int(d) for d in np.asarray(dense_shape)))
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -30,16 +30,21 @@ class SparseGradient(NamedTuple):
 
 def is_sparse(gradient: Any) -> bool:
     """A ``tf.IndexedSlices`` (or its graph-mode value), told by its parts, not by importing TensorFlow."""
-    return all(hasattr(gradient, name) for name in ("values", "indices", "dense_shape")) and not isinstance(gradient, SparseGradient)
+    kind = type(gradient)  # not the instance: a missing attribute of an eager tensor costs an exception
+    return hasattr(kind, "indices") and hasattr(kind, "dense_shape") and hasattr(kind, "values") and kind is not SparseGradient
 
 
 def to_numpy(gradient: Any) -> Any:
-    """An eager tensor -> ndarray; an eager ``tf.IndexedSlices`` -> SparseGradient; None stays None."""
+    """An eager tensor -> ndarray; an eager ``tf.IndexedSlices`` -> SparseGradient; None stays None.
+
+    The arrays are copies, writable as graph mode's are: ``np.asarray`` of an eager tensor is a
+    read-only view of its buffer.
+    """
     if gradient is None:
         return None
     if is_sparse(gradient):
         return SparseGradient.from_parts(gradient.values, gradient.indices, gradient.dense_shape)
-    return np.asarray(gradient)
+    return np.array(gradient)
 
 
 def static_shape(value: Any) -> Tuple[Optional[int], ...]:

@@ -19,6 +19,8 @@ BatchGradients = Callable[[Batch], Tuple[List[Any], Any]]  # -> (grads, Gradient
 
 def is_dataset(x: Any) -> bool:
     """A tf.data.Dataset (or a distributed one), a Keras Sequence / PyDataset, or an iterator of batches."""
+    if isinstance(x, (np.ndarray, list, tuple, dict)):  # a batch, told first: the common call
+        return False
     tf = sys.modules.get("tensorflow")
     if (tf is not None and isinstance(x, tf.data.Dataset)) or _is_distributed_dataset(x):
         return True
@@ -92,6 +94,8 @@ def _unpack(element: Any) -> tuple:
 
 def distributed_batch(x: Any, y: Any, sample_weight: Any) -> Optional[Batch]:
     """A batch of a distributed dataset as it is, sized by this worker's parts together; None for any other batch."""
+    if isinstance(x, np.ndarray):  # the common call, told first
+        return None
     leaf = x
     while isinstance(leaf, (list, tuple, dict)):
         leaf = next(iter(leaf.values())) if isinstance(leaf, dict) else leaf[0]

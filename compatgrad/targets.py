@@ -25,13 +25,11 @@ class Targets(NamedTuple):
     variables: List[Any]  # the variables among params, in order
     tensors: List[Any]  # the graph tensors among params, in order
     names: List[str]  # one per param, unique within the call and the same on every call
+    order: List[int]  # per param, its place in ``variables + tensors`` (the backends' order)
 
     def arrange(self, grads: Sequence[Any]) -> List[Any]:
-        """``grads`` for ``variables + tensors`` (the backends' order), back in the order of ``params``."""
-        by_variable = iter(grads[: len(self.variables)])
-        by_tensor = iter(grads[len(self.variables):])
-        tensor_ids = {id(t) for t in self.tensors}
-        return [next(by_tensor) if id(p) in tensor_ids else next(by_variable) for p in self.params]
+        """``grads`` for ``variables + tensors``, back in the order of ``params``."""
+        return [grads[i] for i in self.order]
 
 
 def resolve(model: Any, params: Optional[Sequence[Any]]) -> Targets:
@@ -42,14 +40,16 @@ def resolve(model: Any, params: Optional[Sequence[Any]]) -> Targets:
     elif not isinstance(params, (list, tuple)):
         raise InvalidTypeError("params", "a list of the model's variables or graph tensors", type(params).__name__)
     # Cached per list of params: the Targets hold them, so their ids stay theirs while the entry lives.
-    return cached(model, ("targets",) + tuple(id(p) for p in params), (), lambda: _resolve(model, list(params)))
+    return cached(model, ("targets",) + tuple(map(id, params)), (), lambda: _resolve(model, list(params)))
 
 
 def _resolve(model: Any, params: List[Any]) -> Targets:
     owned = {id(v) for v in model.weights}
     variables, tensors, names = [], [], []
+    places = []  # per param: whether it is a tensor, and its index among the variables or the tensors
     for index, param in enumerate(params):
         if id(param) in owned:
+            places.append((False, len(variables)))
             variables.append(param)
             names.append(name_of(param))
             continue
@@ -60,9 +60,11 @@ def _resolve(model: Any, params: List[Any]) -> Targets:
                 "a variable of this model or a tensor of its graph (model.inputs, a layer's output: see layer_outputs)",
                 "{} ({})".format(name_of(param), type(param).__name__),
             )
+        places.append((True, len(tensors)))
         tensors.append(param)
         names.append(found.name)
-    return Targets(params, variables, tensors, _unique(names))
+    order = [len(variables) + i if tensor else i for tensor, i in places]
+    return Targets(params, variables, tensors, _unique(names), order)
 
 
 def layer_outputs(model: Any, layers: Sequence[LayerRef]) -> List[Any]:

@@ -113,6 +113,17 @@ def test_recompile_invalidates_the_cache(opt, rng):
     assert kit.parity_difference(mae, kit.train_step_delta(model, x, y)) <= 1e-5
 
 
+def test_gradients_are_writable_arrays_of_their_own(rng):
+    """As graph mode's session outputs: a caller may scale them in place, and the next call is unaffected."""
+    x, y = rng.randn(16, 4).astype("float32"), rng.randn(16, 1).astype("float32")
+    model = bn_model(None, metrics=())
+    first = get_gradients(model, x, y)
+    expected = [g.copy() for g in first]
+    for g in first:
+        g *= 0.0  # a read-only array (an eager tensor's buffer) raises here
+    assert kit.max_difference(get_gradients(model, x, y), expected) == 0.0
+
+
 class WithUnusedWeight(layers.Layer):
     def build(self, input_shape):
         self.kernel = self.add_weight(name="kernel", shape=(int(input_shape[-1]), 1), initializer="glorot_uniform")

@@ -153,6 +153,28 @@ def test_clipping(opt, setting, value, rng):
     assert kit.parity_difference(clipped, kit.train_step_delta(model, x, y)) <= TOL
 
 
+@optimizer_names
+def test_freezing_takes_effect_on_recompile_as_in_the_train_step(opt, rng):
+    """The train step reads the trainable weights when it is built: a layer frozen after that still
+    trains, under a global norm over all the weights, until a recompile (as Keras documents)."""
+    x, y = rng.randn(32, 5).astype("float32"), 3 * rng.randn(32, 1).astype("float32")
+    try:
+        model = regression_model(opt, global_clipnorm=0.05)
+    except (TypeError, ValueError) as error:  # the optimizer itself refuses the setting
+        pytest.skip("{} has no global_clipnorm: {}".format(kit.OPTIMIZERS[opt].__module__, error))
+    weights = list(model.trainable_weights)
+    kit.train(model, x, y)  # the train step is built
+    get_gradients(model, x, y)  # and compatgrad's
+    model.layers[0].trainable = False
+    grads = get_gradients(model, x, y, weights)
+    before = kit.values(weights)
+    kit.train(model, x, y)
+    assert kit.parity_difference(grads, [b - a for b, a in zip(before, kit.values(weights))]) <= TOL
+    model.compile(kit.sgd(opt if opt in kit.OPTIMIZERS else None, global_clipnorm=0.05), "mse")
+    assert len(model.trainable_weights) == 2
+    assert_parity(model, x, y)
+
+
 def batchnorm_model(opt):
     model = kit.keras.Sequential([
         layers.Dense(6, input_shape=(4,)),

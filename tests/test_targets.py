@@ -128,6 +128,7 @@ def test_embedding_gradient_dense_by_default_sparse_on_request(rng):
     assert isinstance(dense[0], np.ndarray) and dense[0].shape == (20, 3)
     assert isinstance(sparse[0], SparseGradient) and sparse[0].shape == (20, 3)
     assert sparse[0].values.shape[0] == tokens.size  # one row per token looked up, repeats included
+    assert dense[0].flags.writeable and sparse[0].values.flags.writeable
     assert kit.max_difference([sparse[0].dense()] + sparse[1:], dense) <= 1e-6
     assert kit.parity_difference(dense, kit.train_step_delta(model, tokens, y)) <= TOL
 

@@ -18,8 +18,9 @@ class Request(NamedTuple):
 
 class Result(NamedTuple):
     """What every backend returns: gradients for params then tensors, as numpy arrays or SparseGradient
-    (None where unconnected), the unscaled loss, the loss scale."""
+    (None where unconnected), the unscaled loss, the loss scale (scalars: floats, or eager tensors
+    that the front door reads only when it needs them)."""
 
     grads: List[Optional[Any]]
-    loss: float
-    loss_scale: float
+    loss: Any
+    loss_scale: Any

@@ -34,7 +34,7 @@ def strategy_of(model: Any) -> Optional[Any]:
 
 
 def distributed_step(strategy: Any, replica_step: Callable, tensor_count: int, combine: str) -> Callable:
-    """``replica_step(x, y, sample_weight) -> (grads, loss, loss_scale)`` run on every replica, reduced.
+    """``replica_step(x, y[, sample_weight]) -> (grads, loss, loss_scale)`` run on every replica, reduced.
 
     Gradients of variables are the same on every replica (taken from the first). Gradients of
     graph tensors belong to each replica's examples: "concat" splits the batch across replicas
@@ -43,8 +43,8 @@ def distributed_step(strategy: Any, replica_step: Callable, tensor_count: int, c
     """
     split = combine == "concat"
 
-    def step(x: Any, y: Any, sample_weight: Any = None) -> tuple:
-        data = (x, y) if sample_weight is None else (x, y, sample_weight)  # no None through strategy.run
+    def step(*data: Any) -> tuple:  # (x, y) or (x, y, sample_weight): no None through strategy.run
+        x = data[0]
         if split and not is_distributed(tf.nest.flatten(x)[0]):  # a distributed dataset's batch is split already
             data = _split(strategy, data)
         grads, loss, loss_scale = strategy.run(replica_step, args=data)

@@ -41,36 +41,37 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     if weighted:
         feeds += model._feed_sample_weights
         values += list(sample_weights)
-    # Standalone Keras feeds the learning phase it builds with; tf.keras the symbolic one.
-    phase = K.learning_phase() if flavour.name == "keras" else K.symbolic_learning_phase()
-    if not isinstance(phase, int):
-        feeds.append(phase)
-        values.append(training)
     if len(feeds) != len(values):  # a positional mismatch would feed arrays into the wrong placeholders
         raise UnsupportedModelError("model: {} feeds but {} values after standardization; please report this model".format(len(feeds), len(values)))
 
-    key = ("graph", tuple(id(p) for p in request.params), tuple(id(t) for t in request.tensors), request.clip, request.sparse, tuple(id(f) for f in feeds))
+    key = ("graph", tuple(map(id, request.params)), tuple(map(id, request.tensors)), request.clip, request.sparse, tuple(map(id, feeds)))
     state = (model.total_loss, model.optimizer)
-    kinds, function = cached(model, key, state, lambda: _build(weakref.ref(model), K, feeds, request))
-    loss, loss_scale, *fetched = function(values)
-    return Result(_unpack(kinds, fetched), float(loss), float(loss_scale))
+    kinds, function, phased = cached(model, key, state, lambda: _build(weakref.ref(model), K, flavour, feeds, request))
+    loss, loss_scale, *fetched = function(values + [training] if phased else values)
+    return Result(_unpack(kinds, fetched), loss, loss_scale)
 
 
-def _build(model_ref: "weakref.ref", K: Any, feeds: List[Any], request: Request) -> tuple:
-    """(per gradient: None, "dense" or "sparse"; a K.function fetching loss, loss scale and the gradients).
+def _build(model_ref: "weakref.ref", K: Any, flavour: Flavour, feeds: List[Any], request: Request) -> tuple:
+    """(per gradient: None, "dense" or "sparse"; a K.function fetching loss, loss scale and the
+    gradients; whether it is fed the learning phase after ``feeds``).
 
     A sparse gradient is fetched as its three parts: K.function fetches tensors only.
     """
     model = model_ref()
     loss = model.total_loss
     with loss.graph.as_default():
+        # The learning phase, read once as the model's train function reads it when built (looking
+        # it up costs as much as the rest of a call): standalone Keras' learning_phase(), which
+        # set_learning_phase may have fixed to an int; tf.keras' placeholder of the graph.
+        phase = K.learning_phase() if flavour.name == "keras" else K.symbolic_learning_phase()
+        phased = not isinstance(phase, int)
         steps = Keras2Steps(model.optimizer)
         grads = steps.gradients(steps.scale(loss), request.params, model.trainable_weights, K.gradients, request.clip, request.tensors, request.sparse)
         kinds = [None if g is None else "sparse" if is_sparse(g) else "dense" for g in grads]
         fetches = [loss, steps.scale(tf.ones_like(loss))]
         for g, kind in zip(grads, kinds):
             fetches += [g.values, g.indices, g.dense_shape] if kind == "sparse" else [g] if kind else []
-        return kinds, K.function(feeds, fetches)
+        return kinds, K.function(feeds + [phase] if phased else feeds, fetches), phased
 
 
 def _unpack(kinds: List[Optional[str]], fetched: List[Any]) -> List[Any]:
@@ -93,17 +94,26 @@ def _fitting_arrays(model: Any, batch: Batch) -> Optional[Tuple[List[np.ndarray]
     """
     xs = batch.x if isinstance(batch.x, list) else [batch.x]
     ys = batch.y if isinstance(batch.y, list) else [batch.y]
-    inputs, targets, outputs = model._feed_inputs, model._feed_targets, model.outputs
-    if not len(xs) == len(inputs) or not len(ys) == len(targets) == len(outputs):
+    inputs, spec = cached(model, ("feed spec",), (model.total_loss,), lambda: _feed_spec(model))
+    if len(xs) != inputs or len(xs) + len(ys) != len(spec):
         return None
-    # (array, its placeholder, the tensor whose shape it must have)
-    for array, placeholder, like in list(zip(xs, inputs, inputs)) + list(zip(ys, targets, outputs)):
-        if type(array) is not np.ndarray or array.dtype != placeholder.dtype.as_numpy_dtype:
+    for array, (dtype, shape) in zip(xs + ys, spec):
+        if type(array) is not np.ndarray or array.dtype != dtype or array.ndim != len(shape):
             return None
-        shape = static_shape(like)
-        if len(shape) != array.ndim or any(d is not None and d != n for d, n in zip(shape, array.shape)):
+        if any(d is not None and d != n for d, n in zip(shape, array.shape)):
             return None
     return xs, ys
+
+
+def _feed_spec(model: Any) -> Tuple[int, List[Tuple[np.dtype, Tuple[Optional[int], ...]]]]:
+    """(the number of inputs, per input then target: the dtype and shape its array must have, None
+    where any size fits); no entries where targets and outputs do not pair up. Once per compile."""
+    inputs, targets, outputs = model._feed_inputs, model._feed_targets, model.outputs
+    if len(targets) != len(outputs):
+        return len(inputs), []
+    # An input's array has its placeholder's dtype and shape; a target's, its output's shape.
+    pairs = list(zip(inputs, inputs)) + list(zip(targets, outputs))
+    return len(inputs), [(placeholder.dtype.as_numpy_dtype, static_shape(like)) for placeholder, like in pairs]
 
 
 def _standardize(model: Any, batch: Batch, class_weight: Optional[Dict[Any, float]]) -> tuple:

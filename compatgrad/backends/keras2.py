@@ -30,36 +30,37 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     def convert(part: Any) -> Any:
         """As single_batch_iterator converts the batch for train_on_batch, minus the tf.data round trip.
 
-        A plain array takes the adapter's rule directly (floats to floatx): its per-leaf checks
-        (pandas, scipy, which a None costs a failed import) cost more than the conversion.
+        A plain array takes the adapter's rule directly (floats to floatx) and goes into the step as
+        it is: tf.convert_to_tensor would copy it, the step's own argument conversion does not (or
+        once, where it is not aligned). Tensors pass; other leaves (pandas, scipy) take the adapter.
         """
         if isinstance(part, np.ndarray):
-            return tf.convert_to_tensor(part, dtype=floatx if np.issubdtype(part.dtype, np.floating) else None)
-        return None if part is None else adapter._process_tensorlike(part)
+            return part.astype(floatx, copy=False) if part.dtype.kind == "f" else part
+        return part if part is None or tf.is_tensor(part) else adapter._process_tensorlike(part)
 
     x, y, sample_weight = convert(batch.x), convert(batch.y), convert(batch.sample_weight)
     if class_weight:
-        data = (x, y) if sample_weight is None else (x, y, sample_weight)
-        try:
-            x, y, sample_weight = adapter._make_class_weight_map_fn(class_weight)(*data)
+        targets = (y,) if sample_weight is None else (y, sample_weight)
+        try:  # the map function reads the targets' ranks: tensors
+            x, y, sample_weight = adapter._make_class_weight_map_fn(class_weight)(x, *tf.nest.map_structure(tf.convert_to_tensor, targets))
         except (ValueError, TypeError, tf.errors.InvalidArgumentError) as error:
             raise InvalidArgumentError("class_weight", "a dict {class index: weight} for a single-output model", str(error)) from error
 
-    trainable = model.trainable_variables
-    key = ("keras2", tuple(id(p) for p in request.params), tuple(id(t) for t in request.tensors),
-           tuple(id(v) for v in trainable), request.training, request.clip, request.sparse)
+    data = (x, y) if sample_weight is None else (x, y, sample_weight)
+    # The step reads the trainable variables when it is traced, as Keras' train function does: a
+    # change of `trainable` takes effect for both on recompile, which replaces the state.
+    key = ("keras2", tuple(map(id, request.params)), tuple(map(id, request.tensors)), request.training, request.clip, request.sparse, len(data))
     state = (model.optimizer, model.compiled_loss)
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, Forward(model, request.tensors), request, strategy_of(model)))
-    grads, loss, loss_scale = step(x, y) if sample_weight is None else step(x, y, sample_weight)
-    return Result([to_numpy(g) for g in grads], float(loss), float(loss_scale))
+    step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, Forward(model, request.tensors), request, strategy_of(model), len(data) == 3))
+    grads, loss, loss_scale = step(*data)
+    return Result([to_numpy(g) for g in grads], loss, loss_scale)
 
 
-def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Request, strategy: Optional[Any]) -> Any:
+def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Request, strategy: Optional[Any], weighted: bool) -> Any:
     params, training = request.params, request.training
 
-    def step(x: Any, y: Any, sample_weight: Any = None) -> tuple:
+    def step(*data: Any) -> tuple:  # (x, y) or (x, y, sample_weight), as train_step's data
         model = model_ref()
-        data = (x, y) if sample_weight is None else (x, y, sample_weight)
         if hasattr(adapter, "expand_1d"):  # train_step of TF 2.2-2.6 expands 1-D arrays
             data = adapter.expand_1d(data)
         x, y, sample_weight = adapter.unpack_x_y_sample_weight(data)
@@ -76,8 +77,8 @@ def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Re
         return grads, loss, steps.scale(tf.ones_like(loss))
 
     if strategy is not None:  # as single_batch_iterator: the batch split across the replicas
-        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), "concat"))
-    return _paths.relaxed_function(step)
+        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), "concat"), weighted)
+    return _paths.relaxed_function(step, weighted)
 
 
 def _loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:

@@ -6,6 +6,7 @@ The loss is ``_compute_loss(..., training=)`` (3.4+) or ``compute_loss``, scaled
 import weakref
 from typing import Any, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from .. import _paths
@@ -23,7 +24,7 @@ from ._steps import Keras3Steps
 
 def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     batch, class_weight = request.batch, request.class_weight
-    x, y, sample_weight = tf.nest.map_structure(_to_tensor, (batch.x, batch.y, batch.sample_weight))
+    x, y, sample_weight = (_to_tensors(part) for part in (batch.x, batch.y, batch.sample_weight))
     if class_weight:
         if sample_weight is not None:
             raise InvalidArgumentError("class_weight", "no sample_weight next to it (Keras 3 takes one or the other)", "both")
@@ -32,19 +33,25 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
 
     # An unbuilt LossScaleOptimizer scales by its initial scale, a built one by its dynamic scale variable.
     built = model.optimizer.built
-    key = ("keras3", tuple(id(p) for p in request.params), tuple(id(t) for t in request.tensors),
-           tuple(id(v) for v in model.trainable_weights), request.training, request.clip, request.sparse, built)
+    data = (x, y) if sample_weight is None else (x, y, sample_weight)
+    # Trainable variables are read when the step is traced, as by Keras' train function (see keras2).
+    key = ("keras3", tuple(map(id, request.params)), tuple(map(id, request.tensors)), request.training, request.clip, request.sparse, built, len(data))
     state = (model.optimizer, model._compile_loss)
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), flavour, Forward(model, request.tensors), request, strategy_of(model)))
-    grads, loss, loss_scale = step(x, y, sample_weight)
-    return Result([to_numpy(g) for g in grads], float(loss), float(loss_scale))
+    step = cached(model, key, state, lambda: _build(weakref.ref(model), flavour, Forward(model, request.tensors), request, strategy_of(model), len(data) == 3))
+    grads, loss, loss_scale = step(*data)
+    return Result([to_numpy(g) for g in grads], loss, loss_scale)
 
 
-def _to_tensor(value: Any) -> Any:
-    return value if value is None or is_distributed(value) else tf.convert_to_tensor(value)
+def _to_tensors(part: Any) -> Any:
+    """Arrays go into the step as they are: tf.convert_to_tensor would copy them, the step's own
+    argument conversion does not (or once, where an array is not aligned). Only lists and dicts
+    go through tf.nest, which costs more than the rest of the call."""
+    if isinstance(part, (list, tuple, dict)):
+        return tf.nest.map_structure(_to_tensors, part)
+    return part if part is None or isinstance(part, np.ndarray) or is_distributed(part) else tf.convert_to_tensor(part)
 
 
-def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request: Request, strategy: Optional[Any]) -> Any:
+def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request: Request, strategy: Optional[Any], weighted: bool) -> Any:
     params, training = request.params, request.training
     # Keras >= 3.8 divides each replica's loss by the replica count; before, every replica has all of it.
     losses_divided = hasattr(_paths.load(flavour.root, "losses"), "scale_loss_for_distribution")
@@ -64,8 +71,8 @@ def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request
 
     if strategy is not None:  # as train_on_batch: every replica gets the whole batch
         combine = "sum" if losses_divided else "first"  # each replica's share of the loss, or all of it
-        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), combine))
-    return _paths.relaxed_function(step)
+        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), combine), weighted)
+    return _paths.relaxed_function(step, weighted)
 
 
 def _loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> tf.Tensor:

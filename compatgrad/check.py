@@ -98,11 +98,11 @@ def run_cases(flavour: str, mode: str) -> List[Row]:
     return rows
 
 
-def modes(flavour: str) -> Dict[str, str]:
-    """mode -> "here" (this process), "subprocess", or why it does not apply."""
+def modes(flavour: str, keras: Any) -> Dict[str, str]:
+    """mode -> "here" (this process), "subprocess", or why it does not apply; ``keras`` is the flavour's module."""
     import tensorflow as tf
 
-    if flavour == "keras" and flavours()["keras"].__version__.startswith("2.2."):
+    if flavour == "keras" and keras.__version__.startswith("2.2."):
         return {"graph": "n/a: standalone Keras 2.2's train_on_batch races (see compatgrad doctor), so it is no oracle"}
     if not tf.executing_eagerly():  # TF 1.x
         return {"graph": "here"}
@@ -115,8 +115,8 @@ def modes(flavour: str) -> Dict[str, str]:
 
 def check() -> List[Row]:
     rows: List[Row] = []
-    for flavour in flavours():
-        for mode, where in modes(flavour).items():
+    for flavour, keras in flavours().items():
+        for mode, where in modes(flavour, keras).items():
             if where == "here":
                 rows += run_cases(flavour, mode)
             elif where == "subprocess":

@@ -97,11 +97,14 @@ def train_step_delta(model, x, y, sample_weight=None, class_weight=None):
     Where that step races (RACY_TRAIN_STEP), the gradient its get_updates starts from instead: the
     optimizer's own get_gradients of total_loss, fed as train_on_batch feeds its train function.
     """
+    if RACY_TRAIN_STEP:  # the step still runs: callers go on from the trained model
+        expected = _race_free_step_gradients(model, x, y, sample_weight, class_weight)
+        train(model, x, y, sample_weight=sample_weight, class_weight=class_weight)
+        return expected
     weights = list(model.trainable_weights)
     before = values(weights)
-    expected = _race_free_step_gradients(model, x, y, sample_weight, class_weight) if RACY_TRAIN_STEP else None
     train(model, x, y, sample_weight=sample_weight, class_weight=class_weight)
-    return expected if RACY_TRAIN_STEP else [b - a for b, a in zip(before, values(weights))]
+    return [b - a for b, a in zip(before, values(weights))]
 
 
 def _race_free_step_gradients(model, x, y, sample_weight, class_weight):

@@ -123,6 +123,9 @@ def _shape(path: str, leaf: Any) -> tuple:
     shape = getattr(leaf, "shape", None)
     if shape is None:
         raise InvalidTypeError(path, "a numpy array or a tensor", type(leaf).__name__)
+    # A graph tensor has an op and a graph (an eager tensor raises on both); graph mode feeds values.
+    if getattr(leaf, "op", None) is not None and getattr(leaf, "graph", None) is not None:
+        raise InvalidTypeError(path, "a numpy array (graph mode feeds the model's placeholders values)", "a symbolic {}".format(type(leaf).__name__))
     return tuple(shape)
 
 

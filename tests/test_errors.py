@@ -89,6 +89,13 @@ def test_sample_weight_of_the_wrong_shape():
     raises(errors.InvalidArgumentError, "^sample_weight: expected one entry per model output", model, X, Y, sample_weight=[np.ones(4)] * 2)
 
 
+@pytest.mark.skipif(not kit.GRAPH, reason="eager tensors are values: eager mode takes them (test_parity)")
+def test_symbolic_tensors_in_graph_mode():
+    model = compiled()
+    raises(errors.InvalidTypeError, "^x: expected a numpy array .*got a symbolic", model, kit.tf.constant(X), Y)
+    raises(errors.InvalidTypeError, r"^y: expected a numpy array .*got a symbolic", model, X, kit.tf.constant(Y))
+
+
 @pytest.mark.parametrize("phase", [2, -1, "1", 0.5, None])
 def test_learning_phase_not_0_or_1(phase):
     raises(errors.InvalidArgumentError, "^learning_phase: expected 0 .* or 1", compiled(), X, Y, learning_phase=phase)

@@ -135,6 +135,33 @@ def test_two_outputs_per_output_sample_weights(opt, rng):
     assert_parity(model, x, y, sample_weight=weights)
 
 
+def test_one_output_weighted_the_other_not(rng):
+    # None: that output unweighted, as ones (graph mode leaves its placeholder to its default).
+    x = rng.randn(32, 5).astype("float32")
+    y = [rng.randn(32, 1).astype("float32"), rng.randint(0, 3, size=(32, 1))]
+    weights = rng.uniform(0, 2, size=32).astype("float32")
+    model = two_output_model(None)
+    grads = get_gradients(model, x, y, sample_weight=[weights, None])
+    assert kit.max_difference(grads, get_gradients(model, x, y)) > 1e-4
+    delta = kit.train_step_delta(model, x, y, sample_weight=[weights, np.ones(32, "float32")])
+    assert kit.parity_difference(grads, delta) <= TOL
+
+
+@pytest.mark.skipif(not kit.GRAPH, reason="sessions are graph mode's")
+def test_the_session_keras_would_train_in(rng):
+    """A default session of the model's graph holds other values of its weights: the gradient is that session's."""
+    model, x, y = regression_model(), rng.randn(16, 5).astype("float32"), rng.randn(16, 1).astype("float32")
+    in_keras_session = get_gradients(model, x, y)
+    session = kit.tf.compat.v1.Session(graph=model.total_loss.graph)
+    with session.as_default(), model.total_loss.graph.as_default():
+        session.run(kit.tf.compat.v1.global_variables_initializer())
+        model.set_weights([w + 0.5 for w in model.get_weights()])
+        grads = assert_parity(model, x, y)
+    session.close()
+    assert kit.max_difference(grads, in_keras_session) > 1e-3
+    assert kit.max_difference(get_gradients(model, x, y), in_keras_session) == 0.0  # back in Keras' session
+
+
 CLIPPING = [("clipnorm", 0.05), ("clipvalue", 0.01), ("global_clipnorm", 0.05)]
 
 

@@ -127,6 +127,7 @@ def test_new_optimizer_in_graph_mode():
     except (TypeError, ValueError, AttributeError) as error:
         pytest.skip("this Keras refuses the new optimizer at compile time already: {}".format(error))
     raises(errors.ModeError, "legacy", model, X, Y)
+    raises(errors.ModeError, "legacy", model, X, Y, sample_weight=np.ones(4, "float32"))  # before the weights' feeds are added
 
 
 @pytest.mark.skipif(kit.GRAPH or hasattr(kit.keras.Model, "train_step"),

@@ -24,6 +24,12 @@ from ._steps import Keras2Steps
 
 def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     batch, training, class_weight = request.batch, request.training, request.class_weight
+    # Before anything below touches the model: a weighted batch adds sample-weight feeds.
+    if not hasattr(model.optimizer, "get_updates"):
+        raise ModeError(
+            "model.optimizer: graph mode trains through get_updates, which only the legacy optimizers have; "
+            "compile with tf.keras.optimizers.legacy.{0} (got {1}.{0})".format(type(model.optimizer).__name__, type(model.optimizer).__module__)
+        )
     plain = flavour.name != "keras" and class_weight is None and batch.sample_weight is None
     fitting = _fitting_arrays(model, batch) if plain else None
     xs, ys, sample_weights = (fitting[0], fitting[1], None) if fitting else _standardize(model, batch, class_weight)
@@ -53,11 +59,6 @@ def _build(model_ref: "weakref.ref", flavour: Flavour, feeds: List[Any], request
     A sparse gradient is fetched as its three parts: a session callable fetches tensors only.
     """
     model = model_ref()
-    if not hasattr(model.optimizer, "get_updates"):
-        raise ModeError(
-            "model.optimizer: graph mode trains through get_updates, which only the legacy optimizers have; "
-            "compile with tf.keras.optimizers.legacy.{0} (got {1}.{0})".format(type(model.optimizer).__name__, type(model.optimizer).__module__)
-        )
     K = _paths.load(flavour.root, "backend")
     loss = model.total_loss
     with loss.graph.as_default():

@@ -35,9 +35,10 @@ def load(root: str, name: str) -> ModuleType:
     raise ImportError("no {} module under {}: {}".format(name, root, "; ".join(errors)))
 
 
-def relaxed_function(fn: Callable, weighted: bool) -> Callable:
-    """``tf.function`` of ``fn(x, y)``, or ``fn(x, y, sample_weight)`` if ``weighted``, that stops
-    retracing when only the batch size changes, as Keras' train function.
+def relaxed_function(fn: Callable, arity: int) -> Callable:
+    """``tf.function`` of ``fn`` called with ``arity`` positional arguments (``(x, y)``, ``(x, y,
+    sample_weight)``, a custom step's ``(x,)``), that stops retracing when only the batch size
+    changes, as Keras' train function.
 
     ``reduce_retracing`` (TF >= 2.9) generalizes on the first new batch size; its predecessor
     ``experimental_relax_shapes`` on the second, so one trace more there. One arity a function:
@@ -49,10 +50,13 @@ def relaxed_function(fn: Callable, weighted: bool) -> Callable:
     parameters = inspect.signature(tf.function).parameters
     keyword = "reduce_retracing" if "reduce_retracing" in parameters else "experimental_relax_shapes"
 
-    def weighted_step(x: Any, y: Any, sample_weight: Any) -> Any:
-        return fn(x, y, sample_weight)
+    def one(x: Any) -> Any:
+        return fn(x)
 
-    def step(x: Any, y: Any) -> Any:
+    def two(x: Any, y: Any) -> Any:
         return fn(x, y)
 
-    return tf.function(weighted_step if weighted else step, **{keyword: True})
+    def three(x: Any, y: Any, sample_weight: Any) -> Any:
+        return fn(x, y, sample_weight)
+
+    return tf.function((one, two, three)[arity - 1], **{keyword: True})

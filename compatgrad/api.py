@@ -8,13 +8,16 @@ from . import data, inputs, targets
 from .arrays import SparseGradient, numpy_dtype, static_shape
 from .backends import Request
 from .detect import Flavour, flavour_of, keras3_backend
-from .errors import ModeError, UnconnectedGradientError, UnsupportedModelError
+from .errors import InvalidArgumentError, ModeError, UnconnectedGradientError, UnsupportedModelError
 
 
 class GradientInfo(NamedTuple):
     loss: float  # the loss the step minimizes, unscaled, regularization included
     loss_scale: float  # the mixed-precision loss scale in force; 1.0 without loss scaling
     all_finite: bool  # False where a loss-scaled step would skip its update (overflow)
+    # False where the optimizer accumulates gradients (Keras 3 gradient_accumulation_steps) and this
+    # step only adds them to its accumulators; True for whole datasets.
+    applies_update: bool = True
 
 
 def get_gradients(
@@ -56,15 +59,22 @@ def get_gradients(
     with a progress bar unless ``verbose=0``. See ``compatgrad.data`` for how batches add up.
     """
     flavour = flavour_of(model)
-    inputs.check_compiled(model)
+    inputs.check_compiled(model, flavour.custom_step, losses_listed=flavour.name != "keras3")
     training = inputs.check_learning_phase(learning_phase)
     unconnected = inputs.check_unconnected(unconnected)
-    wanted = targets.resolve(model, params)
     backend = _backend(model, flavour)
     dataset = data.is_dataset(x)
 
     def make_batch(x: Any, y: Any, sample_weight: Any) -> inputs.Batch:
-        return data.distributed_batch(x, y, sample_weight) or inputs.check_batch(model, x, y, sample_weight)
+        return data.distributed_batch(x, y, sample_weight) or inputs.check_batch(model, x, y, sample_weight, flavour.custom_step)
+
+    batch = None if dataset else make_batch(x, y, sample_weight)
+    # A custom train_step builds what it calls, which need not be model(x): its models come built.
+    if not model.built and not flavour.custom_step:
+        if batch is None:
+            raise InvalidArgumentError("model", "a built model for a whole dataset (build it, or pass one batch first)", "a model not built yet")
+        backend.build(model, flavour, batch)  # as train_on_batch builds it from its first batch
+    wanted = targets.resolve(model, params)
 
     def batch_gradients(batch: inputs.Batch) -> Tuple[List[Any], Optional[GradientInfo]]:
         request = Request(batch, wanted.variables, wanted.tensors, training, bool(clip), class_weight, bool(sparse))
@@ -72,27 +82,33 @@ def get_gradients(
         found = wanted.arrange(result.grads)
         missing = [name for name, g in zip(wanted.names, found) if g is None]
         if missing and unconnected == "raise":
-            _raise_unconnected(model, wanted, found, missing)
+            _raise_unconnected(model, flavour, wanted, found, missing)
         grads = [_zeros_like(p, batch.size) if g is None else g for p, g in zip(wanted.params, found)]
         if not (return_info or dataset):  # reading the loss and a pass over every gradient: only when used
             return grads, None
         finite = return_info and all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads)
-        return grads, GradientInfo(float(result.loss), float(result.loss_scale), bool(finite))
+        return grads, GradientInfo(float(result.loss), float(result.loss_scale), bool(finite), result.applies_update)
 
     if dataset:
+        if flavour.custom_step:
+            raise InvalidArgumentError("x", "one batch for a model that overrides train_step (its step has no loss "
+                                       "compatgrad could add up over a dataset's batches)", type(x).__name__)
         data.check_dataset_arguments(y, sample_weight, sparse, wanted.tensors)
         grads, loss, loss_scale, finite = data.over_dataset(model, flavour.root, x, steps, verbose, make_batch, batch_gradients)
         info = GradientInfo(loss, loss_scale, finite)
     else:
         data.check_not_dataset_arguments(steps)
-        grads, info = batch_gradients(make_batch(x, y, sample_weight))
+        grads, info = batch_gradients(batch)
     output: Any = dict(zip(wanted.names, grads)) if as_dict else grads
     return (output, info) if return_info else output
 
 
-def _raise_unconnected(model: Any, wanted: targets.Targets, found: List[Any], missing: List[str]) -> None:
+def _raise_unconnected(model: Any, flavour: Flavour, wanted: targets.Targets, found: List[Any], missing: List[str]) -> None:
     """Names what has no gradient; for a layer output, the likeliest cause: every Keras computes a
     crossentropy from the logits under a softmax / sigmoid output."""
+    if flavour.custom_step:
+        raise UnconnectedGradientError("params", "variables the model's train_step applies a gradient to (or unconnected='zero')",
+                                       "no gradient applied to {}".format(", ".join(missing)))
     inputs_ = {id(t) for t in getattr(model, "inputs", None) or []}
     tensors = {id(t) for t in wanted.tensors if id(t) not in inputs_}
     hint = any(g is None and id(p) in tensors for p, g in zip(wanted.params, found))

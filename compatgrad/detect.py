@@ -16,6 +16,8 @@ class Flavour(NamedTuple):
     name: str  # "keras" (standalone Keras 2), "tf.keras", "tf_keras" or "keras3"
     root: str  # the Keras package root the model's class comes from, for ``_paths.load``
     graph: bool  # built by the TF1-style graph engine (total_loss, K.function)
+    # Eager models whose class overrides train_step: their own step runs (the graph engine never calls it).
+    custom_step: bool = False
 
 
 def flavour_of(model: object) -> Flavour:
@@ -35,7 +37,8 @@ def _flavour_of_class(model_cls: type) -> Flavour:
         module = getattr(cls, "__module__", "") or ""
         match = _KERAS3.match(module)
         if match and cls.__name__ == "Model":
-            return Flavour("keras3", match.group("root"), graph=False)
+            root = match.group("root")
+            return Flavour("keras3", root, graph=False, custom_step=_overrides_train_step(model_cls, root))
         match = _KERAS2.match(module)
         if match and cls.__name__ == "Model":
             return _keras2_flavour(model_cls, match.group("root"), bool(match.group("v1")))
@@ -66,7 +69,13 @@ def _keras2_flavour(model_cls: type, root: str, v1: bool) -> Flavour:
         name = "tf.keras"
     # Before TF 2.2 the Model class has no train_step: only its graph engine can be matched.
     graph = v1 or standalone or not hasattr(model_cls, "train_step")
-    return Flavour(name, root, graph)
+    return Flavour(name, root, graph, custom_step=not graph and _overrides_train_step(model_cls, root))
+
+
+def _overrides_train_step(model_cls: type, root: str) -> bool:
+    """Whether the ``train_step`` the class runs is defined outside the Keras package it comes from."""
+    owner = next(cls for cls in model_cls.__mro__ if "train_step" in vars(cls))
+    return not (owner.__module__ or "").startswith(root + ".")
 
 
 def keras3_backend(root: str) -> Optional[str]:

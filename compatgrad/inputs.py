@@ -19,10 +19,15 @@ class Batch(NamedTuple):
     size: int  # the batch size
 
 
-def check_compiled(model: Any) -> None:
+def check_compiled(model: Any, custom_step: bool, losses_listed: bool) -> None:
+    """A compiled model; with a loss unless its own train_step says what it minimizes.
+
+    ``losses_listed``: whether ``model.losses`` lists add_loss losses before a call (Keras 3 lists
+    them only during one: its step raises there instead).
+    """
     if getattr(model, "optimizer", None) is None:
         raise NotCompiledError("model: expected a compiled model, got one without an optimizer; call model.compile(optimizer, loss) first")
-    if not getattr(model, "loss", None) and not model.losses:
+    if not custom_step and losses_listed and not getattr(model, "loss", None) and not model.losses:
         raise NotCompiledError("model: expected a model compiled with a loss (or with add_loss losses), got loss={!r}".format(getattr(model, "loss", None)))
 
 
@@ -53,16 +58,25 @@ def check_unconnected(unconnected: Any) -> str:
     return unconnected
 
 
-def check_batch(model: Any, x: Structure, y: Structure, sample_weight: Optional[Structure]) -> Batch:
+def check_batch(model: Any, x: Structure, y: Structure, sample_weight: Optional[Structure], custom_step: bool) -> Batch:
+    """The batch in the forms every Keras accepts; a custom train_step unpacks it itself, so for one
+    only the arrays and their one batch size are checked."""
+    if custom_step:
+        return Batch(x, y, sample_weight, _batch_size(x, y, sample_weight))
     inputs = getattr(model, "inputs", None) or []
     outputs = output_names(model)
     _check_count("x", x, len(inputs), "model inputs")
-    _check_count("y", y, len(outputs), "model outputs")
+    if y is not None or getattr(model, "loss", None):  # y=None: a model trained by its add_loss losses alone
+        _check_count("y", y, len(outputs), "model outputs")
     if isinstance(y, dict):
         unknown = sorted(set(y) - set(outputs))
         if unknown:
             raise InvalidArgumentError("y", "keys among the output names {}".format(outputs), "unknown keys {}".format(unknown))
     sample_weight = _per_output(sample_weight, outputs)
+    return Batch(x, y, sample_weight, _batch_size(x, y, sample_weight))
+
+
+def _batch_size(x: Structure, y: Structure, sample_weight: Optional[Structure]) -> int:
     sizes = {}
     for argument, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
         for path, leaf in _leaves(argument, value):
@@ -76,7 +90,7 @@ def check_batch(model: Any, x: Structure, y: Structure, sample_weight: Optional[
         raise InvalidArgumentError("x", "at least one array", repr(x))
     if len(set(sizes.values())) > 1:
         raise InvalidArgumentError("x, y, sample_weight", "one batch size for every array", ", ".join("{} has {}".format(k, v) for k, v in sizes.items()))
-    return Batch(x, y, sample_weight, next(iter(sizes.values())))
+    return next(iter(sizes.values()))
 
 
 def _check_count(argument: str, value: Structure, expected: int, what: str) -> None:

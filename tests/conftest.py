@@ -32,6 +32,12 @@ def cell_properties(record_testsuite_property):
     float32 = [d for d, test in kit.PARITY_DIFFERENCES if "mixed" not in test]
     record_testsuite_property("parity_comparisons", len(kit.PARITY_DIFFERENCES))
     record_testsuite_property("largest_parity_difference", max(float32) if float32 else "")
+    per_test = {}  # the largest difference of each test function, over its parameters
+    for difference, test in kit.PARITY_DIFFERENCES:
+        name = test.split("[")[0]
+        per_test[name] = max(difference, per_test.get(name, 0.0))
+    for name, difference in sorted(per_test.items()):
+        record_testsuite_property("parity " + name, "{:.2g}".format(difference))
 
 
 def _keras_version():

@@ -2,10 +2,12 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import kit
 from compatgrad import _cache, get_gradients
+from compatgrad.backends._state import layer_states
 from compatgrad.errors import UnconnectedGradientError
 
 layers = kit.keras.layers
@@ -150,6 +152,53 @@ def test_unconnected_params(opt, rng):
     if not kit.GRAPH:  # the eager step skips None gradients; graph mode's get_updates refuses them
         grads = get_gradients(model, x, y, unconnected="zero")
         assert kit.parity_difference(grads, kit.train_step_delta(model, x, y)) <= 1e-5
+
+
+def stateful_rnn_model(kind):
+    """``kind`` (a stateful recurrent layer, a fixed batch of 4), a stateful LSTM(2), a Dense head."""
+    inputs = layers.Input(batch_shape=(4, 5, 3))
+    if kind == "Bidirectional":
+        recurrent = layers.Bidirectional(layers.GRU(6, stateful=True, return_sequences=True))
+    elif kind == "nested":  # the stateful layer inside a model inside the model
+        inner = layers.Input(batch_shape=(4, 5, 3))
+        recurrent = kit.keras.Model(inner, layers.LSTM(6, stateful=True, return_sequences=True)(inner))
+    else:
+        recurrent = getattr(layers, kind)(6, stateful=True, return_sequences=True)
+    hidden = layers.LSTM(2, stateful=True)(recurrent(inputs))
+    model = kit.keras.Model(inputs, layers.Dense(1)(hidden))
+    model.compile(kit.sgd(), "mse")
+    return model
+
+
+# The first layer's state variables (Bidirectional: one per GRU), then the LSTM(2)'s two.
+STATE_VARIABLES = {"LSTM": 2 + 2, "GRU": 1 + 2, "SimpleRNN": 1 + 2, "Bidirectional": 2 + 2, "nested": 2 + 2}
+
+
+@pytest.mark.parametrize("kind", sorted(STATE_VARIABLES))
+def test_stateful_rnn_states_are_preserved(kind, rng):
+    """A stateful RNN's states (in neither model.weights nor non_trainable_variables) stay as they were in
+    either learning phase, so the next train_on_batch starts from them and applies the gradient returned."""
+    x, y = rng.randn(4, 5, 3).astype("float32"), rng.randn(4, 1).astype("float32")
+    model = stateful_rnn_model(kind)
+    kit.train(model, x, y)  # the states are no longer zeros
+    states = layer_states(model)
+    assert len(states) == STATE_VARIABLES[kind]
+    before = kit.values(states)
+    assert min(float(np.abs(value).max()) for value in before) > 0.0
+
+    x, y = rng.randn(4, 5, 3).astype("float32"), rng.randn(4, 1).astype("float32")
+    grads = [get_gradients(model, x, y, learning_phase=phase) for phase in (0, 1)]
+    assert kit.max_difference(kit.values(states), before) == 0.0
+    assert kit.parity_difference(grads[1], kit.train_step_delta(model, x, y)) <= 1e-5
+    assert kit.max_difference(kit.values(states), before) > 0.0  # the step advanced exactly these variables
+
+
+def test_layer_states_of_layers_without_state():
+    """Stateless RNNs hold no state variables; a stateful one has none before it is built."""
+    inputs = layers.Input(shape=(5, 3))
+    model = kit.keras.Model(inputs, layers.Dense(1)(layers.LSTM(2)(inputs)))
+    assert layer_states(model) == []
+    assert layer_states(layers.GRU(2, stateful=True)) == []
 
 
 def test_import_adds_no_optional_dependency():

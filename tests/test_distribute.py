@@ -1,4 +1,5 @@
 """tf.distribute: the cross-replica gradient the step applies, equal to one device's on the same batch."""
+import functools
 import json
 import os
 import socket
@@ -30,7 +31,11 @@ def model_on(strategy=None, **optimizer_kwargs):
         return build()
 
 
+@functools.lru_cache(maxsize=None)
 def mirrored():
+    """One strategy for the process: strategies made apart number their all-reduces from the same collective
+    keys, and two models' all-reduces of different sizes then meet as one ("Shape mismatch in the collective
+    instance 100"), train_on_batch's alike (TF 2.18, 2.21)."""
     return kit.tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
@@ -87,6 +92,80 @@ def test_distributed_dataset_gives_the_same_gradient(rng):
     grads = get_gradients(distributed, dataset, verbose=0)
     assert kit.max_difference(grads, get_gradients(single, x, y, sample_weight=weights)) <= TOL
     assert kit.parity_difference(grads, kit.train_step_delta(single, x, y, sample_weight=weights)) <= TOL
+
+
+# Outputs in the order of their names: Keras 3.6 matches a loss dict to list outputs in sorted key order.
+INPUTS, OUTPUTS = ("left", "right"), ("label", "score")
+
+
+def two_in_two_out_on(strategy, keyed):
+    """Two named inputs, two named outputs (3-class softmax, regression), weighted losses: as lists, or
+    keyed by output name (dict of losses and loss weights; x and y then come as dicts too)."""
+    with strategy.scope():
+        left, right = layers.Input(shape=(5,), name="left"), layers.Input(shape=(3,), name="right")
+        hidden = layers.Dense(8, activation="tanh", name="hidden")(layers.Concatenate()([left, right]))
+        label = layers.Dense(3, activation="softmax", name="label")(hidden)
+        model = kit.keras.Model([left, right], [label, layers.Dense(1, name="score")(hidden)])
+        losses, loss_weights = ["sparse_categorical_crossentropy", "mse"], [0.5, 1.0]
+        if keyed:
+            losses, loss_weights = dict(zip(OUTPUTS, losses)), dict(zip(OUTPUTS, loss_weights))
+        model.compile(kit.sgd(), losses, loss_weights=loss_weights)
+    return model
+
+
+def two_in_two_out_data(rng, keyed, n=32):
+    """x, y, per-output sample weights: lists in input / output order, or dicts keyed by name."""
+    x = [rng.randn(n, 5).astype("float32"), rng.randn(n, 3).astype("float32")]
+    y = [rng.randint(0, 3, size=(n, 1)), rng.randn(n, 1).astype("float32")]
+    weights = [rng.uniform(0, 2, size=n).astype("float32") for _ in range(2)]
+    if keyed:
+        return dict(zip(INPUTS, x)), dict(zip(OUTPUTS, y)), dict(zip(OUTPUTS, weights))
+    return x, y, weights
+
+
+STRATEGIES = {"mirrored": mirrored, "one_device": lambda: kit.tf.distribute.OneDeviceStrategy("/cpu:0")}
+
+
+@pytest.mark.parametrize("weighted", [True, False], ids=["weighted", "unweighted"])
+@pytest.mark.parametrize("keyed", [False, True], ids=["lists", "dicts"])
+@pytest.mark.parametrize("strategy_name", sorted(STRATEGIES))
+def test_multi_input_multi_output_under_strategy(strategy_name, keyed, weighted, rng):
+    """Keras 3.6+ builds a CompileLoss of several losses (a loss tracker per output) before the step;
+    built inside the replica step instead, its distributed variables broke the traced function."""
+    x, y, weights = two_in_two_out_data(rng, keyed)
+    weights = weights if weighted else None
+    strategy = STRATEGIES[strategy_name]()
+    distributed = two_in_two_out_on(strategy, keyed)
+    single = two_in_two_out_on(kit.tf.distribute.get_strategy(), keyed)
+    single.set_weights(distributed.get_weights())
+    params = list(distributed.trainable_weights) + layer_outputs(distributed, ["hidden"])
+    grads = get_gradients(distributed, x, y, params, sample_weight=weights)  # before any train_on_batch
+    single_params = list(single.trainable_weights) + layer_outputs(single, ["hidden"])
+    reference = get_gradients(single, x, y, single_params, sample_weight=weights)
+    assert kit.max_difference(grads, get_gradients(distributed, x, y, params, sample_weight=weights)) == 0.0
+    factor = strategy.num_replicas_in_sync if replicas_combine() == "sum" else 1
+    assert kit.max_difference(grads[6:], reference[6:]) <= TOL  # activations' gradients: each replica's
+    assert kit.max_difference(grads[:6], [factor * r for r in reference[:6]]) <= TOL
+    # Keras 3.15 train_on_batch takes per-output weights as a list only (a dict: "KeyError: 0").
+    oracle_weights = list(weights.values()) if isinstance(weights, dict) else weights
+    delta = kit.train_step_delta(distributed, x, y, sample_weight=oracle_weights)
+    assert kit.parity_difference(grads[:6], delta) <= TOL
+
+
+@pytest.mark.skipif(replicas_combine() != "mean", reason="Keras 3 < 3.8 does not average over replicas")
+@pytest.mark.parametrize("keyed", [False, True], ids=["lists", "dicts"])
+def test_multi_input_multi_output_distributed_dataset(keyed, rng):
+    """The CompileLoss built from a distributed batch: from one replica's part of it."""
+    x, y, _ = two_in_two_out_data(rng, keyed)
+    strategy = mirrored()
+    distributed = two_in_two_out_on(strategy, keyed)
+    single = two_in_two_out_on(kit.tf.distribute.get_strategy(), keyed)
+    single.set_weights(distributed.get_weights())
+    slices = (x, y) if keyed else (tuple(x), tuple(y))  # tf.data would stack lists into one tensor
+    dataset = kit.tf.data.Dataset.from_tensor_slices(slices).batch(16)
+    grads = get_gradients(distributed, strategy.experimental_distribute_dataset(dataset), verbose=0)
+    assert kit.max_difference(grads, get_gradients(single, x, y)) <= TOL
+    assert kit.parity_difference(grads, kit.train_step_delta(single, x, y)) <= TOL
 
 
 def test_unsupported_strategy_is_refused(rng):

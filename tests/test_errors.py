@@ -154,3 +154,75 @@ def test_model_used_after_eager_was_disabled():
     result = subprocess.run([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
     expected = "Keras 3 cannot train in graph mode" if kit.KERAS3 else "built in eager mode, but eager execution is disabled now"
     assert "ModeError: model: " + expected in result.stdout.decode(), result.stderr.decode()[-2000:]
+
+
+# Graph-mode tf.keras / tf_keras models get their sample-weight feeds on the first weighted batch, which
+# recompiles the loss; standalone Keras compiles its feeds up front, eager models have no such functions.
+needs_weight_feeds = pytest.mark.skipif(
+    not kit.GRAPH or kit.FLAVOUR == "keras",
+    reason="only where a weighted batch adds sample-weight feeds (tf.keras, tf_keras graph)",
+)
+
+
+# Small enough that SGD(1.0) keeps the weights near 1 over a few steps: w0 - w1 stays exact to 1e-5.
+XS, YS, W = X / 10, Y / 10, np.arange(1, 5, dtype="float32") / 4
+
+
+def install_by_hand(model, name, sample_weight=None):
+    """What adversarial training code does: wrap the function Keras built in a Python function of its own.
+    Returns the hook and the list it appends each call's number of inputs to."""
+    if name == "train_function":
+        kit.train(model, XS, YS, sample_weight=sample_weight)
+    else:
+        model.test_on_batch(XS, YS, sample_weight=sample_weight)
+    keras_function, calls = getattr(model, name), []
+
+    def hooked(inputs):
+        calls.append(len(inputs))
+        return keras_function(inputs)
+
+    setattr(model, name, hooked)
+    return hooked, calls
+
+
+@needs_weight_feeds
+@pytest.mark.parametrize("name", ["train_function", "test_function"])
+def test_function_installed_by_hand_is_kept_and_a_weighted_call_refused(name):
+    model = compiled()
+    hooked, calls = install_by_hand(model, name)
+    modes = [e.sample_weight_mode for e in model._training_endpoints]
+    expected = (r"^model\.{}: expected None or the function Keras built, "
+                r"got a function .*hooked installed by hand.*without sample_weight$").format(name)
+    raises(errors.UnsupportedModelError, expected, model, XS, YS, sample_weight=W)
+    assert getattr(model, name) is hooked
+    assert model._feed_sample_weights == []
+    assert [e.sample_weight_mode for e in model._training_endpoints] == modes
+
+    grads = get_gradients(model, XS, YS)  # unweighted: nothing goes stale
+    assert getattr(model, name) is hooked
+    if name == "train_function":
+        assert kit.parity_difference(grads, kit.train_step_delta(model, XS, YS)) <= 1e-5
+        assert len(calls) == 1 and model.train_function is hooked  # train_on_batch ran the hook
+
+
+@needs_weight_feeds
+def test_functions_keras_built_are_dropped_for_keras_to_rebuild():
+    model = compiled()
+    kit.train(model, XS, YS)
+    model.test_on_batch(XS, YS)
+    grads = get_gradients(model, XS, YS, sample_weight=W)
+    assert model.train_function is None and model.test_function is None
+    assert len(model._feed_sample_weights) == 1
+    assert kit.parity_difference(grads, kit.train_step_delta(model, XS, YS, sample_weight=W)) <= 1e-5
+
+
+@needs_weight_feeds
+def test_function_installed_after_the_weight_feeds_is_kept_on_weighted_calls():
+    """The way out the error names: a hook installed once the model has its sample-weight feeds stays."""
+    model = compiled()
+    get_gradients(model, XS, YS, sample_weight=W)
+    hooked, calls = install_by_hand(model, "train_function", sample_weight=W)
+    grads = get_gradients(model, XS, YS, sample_weight=W)
+    assert model.train_function is hooked
+    assert kit.parity_difference(grads, kit.train_step_delta(model, XS, YS, sample_weight=W)) <= 1e-5
+    assert len(calls) == 1 and model.train_function is hooked

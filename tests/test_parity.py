@@ -282,3 +282,25 @@ def test_finite_differences_conv_net(rng):
                 assert abs((losses[0] - losses[1]) / (2 * eps) - grad[index]) <= 1e-6
     finally:
         kit.backend.set_floatx("float32")
+
+
+@pytest.mark.skipif(not kit.KERAS3, reason="gradient_accumulation_steps is Keras 3's")
+@pytest.mark.parametrize("optimizer_kwargs", [{}, {"clipnorm": 0.05}], ids=["plain", "clipnorm"])
+def test_gradient_accumulation(optimizer_kwargs, rng):
+    """Each step's gradient as the optimizer adds it to its own accumulators; every third step applies their mean."""
+    model = regression_model(gradient_accumulation_steps=3, **optimizer_kwargs)
+    batches = [(rng.randn(16, 5).astype("float32"), rng.randn(16, 1).astype("float32")) for _ in range(3)]
+    start = kit.values(model.trainable_weights)
+    returned = []
+    for step, (x, y) in enumerate(batches, 1):
+        grads, info = get_gradients(model, x, y, return_info=True)
+        assert info.applies_update == (step == 3)
+        returned.append(grads)
+        kit.train(model, x, y)
+        if step < 3:
+            accumulated = kit.values(model.optimizer._accumulated_gradients)
+            assert kit.parity_difference(accumulated, [sum(g) for g in zip(*returned)]) < TOL
+            assert kit.max_difference(kit.values(model.trainable_weights), start) == 0.0
+    if not optimizer_kwargs:
+        applied = [a - b for a, b in zip(start, kit.values(model.trainable_weights))]
+        assert kit.parity_difference(applied, [sum(g) / 3 for g in zip(*returned)]) < TOL

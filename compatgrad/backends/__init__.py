@@ -24,3 +24,4 @@ class Result(NamedTuple):
     grads: List[Optional[Any]]
     loss: Any
     loss_scale: Any
+    applies_update: bool = True  # False where the optimizer only accumulates this step's gradients

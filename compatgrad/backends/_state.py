@@ -1,11 +1,55 @@
 """Undo what a gradient step writes besides gradients, inside the traced step itself."""
-from typing import Any
+from typing import Any, List
 
 import tensorflow as tf
 
+# Where a layer keeps the layers it wraps when it has no ``_flatten_layers`` (TF 1.x tf.keras,
+# standalone Keras): models, wrappers (TimeDistributed), Bidirectional's two directions.
+_SUBLAYER_ATTRIBUTES = ("_layers", "layers", "layer", "forward_layer", "backward_layer")
+
+
+def _all_layers(model: Any) -> List[Any]:
+    """The model and every layer inside it, nested models and wrapped layers included, each once."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if callable(flatten):  # tf.keras 2.x, tf_keras, Keras 3
+        return list(flatten(include_self=True, recursive=True))
+    found, seen, pending = [], set(), [model]
+    while pending:
+        layer = pending.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        found.append(layer)
+        for name in _SUBLAYER_ATTRIBUTES:
+            children = getattr(layer, name, None)
+            children = children if isinstance(children, (list, tuple)) else [children]
+            pending.extend(child for child in children if hasattr(child, "trainable_weights"))
+    return found
+
+
+def layer_states(model: Any) -> List[Any]:
+    """The state variables of every stateful layer of ``model`` (nested layers included), each once.
+
+    Stateful RNNs (``stateful=True``: LSTM, GRU, SimpleRNN, ConvLSTM, RNN, Bidirectional over them)
+    keep the state a forward pass leaves behind in ``layer.states``, variables that are in neither
+    ``model.weights`` nor ``non_trainable_variables``; every forward pass, inference included,
+    assigns them. Entries that are no variable yet (Keras 2: None before the layer is built; Keras 3:
+    ``states`` None) are left out.
+    """
+    states, seen = [], set()
+    for layer in _all_layers(model):
+        if not getattr(layer, "stateful", False):
+            continue
+        for state in tf.nest.flatten(getattr(layer, "states", None) or []):
+            if state is not None and hasattr(state, "assign") and id(state) not in seen:
+                seen.add(id(state))
+                states.append(state)
+    return states
+
 
 class PreservedState:
-    """Moving statistics, Dropout seed-generator states and metric totals, read and written back.
+    """Moving statistics, Dropout seed-generator states, stateful layers' states and metric totals,
+    read and written back.
 
     Create it at the start of the traced step and call ``restore()`` after the gradients:
     tf.function's automatic control dependencies order the reads before the forward pass's
@@ -15,11 +59,18 @@ class PreservedState:
 
     def __init__(self, model: Any, training: bool):
         self.model = model
-        # Only a training-mode forward pass writes non-trainable variables (BatchNormalization, seeds).
+        # Only a training-mode forward pass writes non-trainable variables (BatchNormalization, seeds);
+        # any forward pass advances a stateful RNN's states.
         variables = list(model.non_trainable_variables) if training else []
+        variables += layer_states(model)
         variables += [v for metric in model.metrics for v in metric.variables]
         self.metrics = {id(metric) for metric in model.metrics}
-        self.saved = [(v, tf.identity(v)) for v in variables]
+        seen = set()
+        self.saved = []
+        for variable in variables:
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                self.saved.append((variable, tf.identity(variable)))
 
     def restore(self) -> None:
         for variable, value in self.saved:

@@ -12,6 +12,7 @@ Pairs = List[Tuple[Any, Any]]
 
 
 class Steps:
+    apply_method: str  # the optimizer method every update goes through (apply_gradients, minimize, apply)
     optimizer: Any
     inner: Any  # the optimizer that aggregates and clips (inside a LossScaleOptimizer)
     clips: bool  # whether the optimizer clips at all
@@ -31,6 +32,28 @@ class Steps:
         raise NotImplementedError
 
     def stages(self, present: List[int], updated: List[int]) -> List[Tuple[Callable[[Pairs], List[Any]], List[int]]]:
+        raise NotImplementedError
+
+    def build(self, variables: List[Any]) -> None:
+        """Create the optimizer's variables for ``variables`` as its apply does, outside any traced function."""
+        raise NotImplementedError
+
+    def state(self) -> List[Any]:
+        """Every variable the optimizer's apply writes: iterations, slots, loss scale and its counter."""
+        raise NotImplementedError
+
+    def applied(self, pairs: Pairs, clip: bool, aggregate: bool) -> List[Any]:
+        """What the optimizer applies when the step hands it ``pairs`` (gradients not None): unscaled
+        (Keras 3 divides in ``apply``; Keras 2 is handed unscaled gradients), aggregated unless the
+        step said not to, and clipped over ``pairs`` unless ``clip`` is False."""
+        grads = self.unscale_in_apply([g for g, _ in pairs])
+        every = list(range(len(pairs)))
+        for stage, indices in self.stages(every if aggregate else [], every if clip and self.clips else []):
+            if indices:
+                grads = list(stage([(g, v) for g, (_, v) in zip(grads, pairs)]))
+        return grads
+
+    def unscale_in_apply(self, grads: List[Any]) -> List[Any]:
         raise NotImplementedError
 
     def gradients(
@@ -66,6 +89,8 @@ _KERAS2_CLIP_SETTINGS = ("clipnorm", "clipvalue", "global_clipnorm", "_clipnorm"
 
 
 class Keras2Steps(Steps):
+    apply_method = "apply_gradients"  # minimize calls it
+
     def __init__(self, optimizer: Any):
         self.optimizer = optimizer
         # LossScaleOptimizer (experimental, legacy and V3) all have these two methods.
@@ -76,6 +101,28 @@ class Keras2Steps(Steps):
 
     def scale(self, loss: Any) -> Any:
         return self.optimizer.get_scaled_loss(loss) if self.scales else loss
+
+    def unscale_in_apply(self, grads: List[Any]) -> List[Any]:
+        return grads  # minimize and the LossScaleOptimizer API unscale before apply_gradients
+
+    def build(self, variables: List[Any]) -> None:
+        inner = self.inner
+        with tf.init_scope():
+            if hasattr(inner, "_create_all_weights"):  # OptimizerV2, TF >= 2.4
+                inner._create_all_weights(variables)
+            elif hasattr(inner, "_create_slots"):  # OptimizerV2, TF 2.2-2.3
+                _ = inner.iterations
+                inner._create_hypers()
+                inner._create_slots(variables)
+            else:  # optimizer.Optimizer (2.11+): builds once, for the variables of its first apply
+                inner.build(variables)
+
+    def state(self) -> List[Any]:
+        variables = self.inner.variables  # a method of OptimizerV2, a property of optimizer.Optimizer
+        found = list(variables() if callable(variables) else variables)
+        # A LossScaleOptimizer's scale and good-step counter: its own attributes (V3) or its state's.
+        holders = [self.optimizer, getattr(self.optimizer, "_loss_scale", None)] if self.scales else []
+        return found + [v for holder in holders if holder is not None for v in vars(holder).values() if isinstance(v, tf.Variable)]
 
     def unscale(self, grads: List[Any]) -> List[Any]:
         return list(self.optimizer.get_unscaled_gradients(grads)) if self.scales else grads
@@ -126,6 +173,8 @@ def _standalone_keras_clip(optimizer: Any, grads: List[Any]) -> List[Any]:
 
 
 class Keras3Steps(Steps):
+    apply_method = "apply"  # apply_gradients calls it
+
     def __init__(self, optimizer: Any):
         self.optimizer = optimizer
         self.inner = getattr(optimizer, "inner_optimizer", optimizer)
@@ -133,7 +182,11 @@ class Keras3Steps(Steps):
         # replica applies its own gradient. Told by what the update step itself calls.
         update_step = getattr(type(self.inner), "_backend_update_step", None)
         self.all_reduce = update_step is None or "_all_reduce_sum_gradients" in update_step.__code__.co_names
-        self.clips = any(getattr(self.inner, name, None) for name in ("clipnorm", "global_clipnorm", "clipvalue"))
+        # Under gradient accumulation (k steps) later Keras 3 clip only the mean they apply every k
+        # steps, in _backend_apply_gradients; 3.3 clips in apply, each batch's gradient as it accumulates it.
+        clips_the_mean = "_clip_gradients" in type(self.inner)._backend_apply_gradients.__code__.co_names
+        clips = any(getattr(self.inner, name, None) for name in ("clipnorm", "global_clipnorm", "clipvalue"))
+        self.clips = clips and not (accumulation_steps(optimizer) and clips_the_mean)
 
     def scale(self, loss: Any) -> Any:
         return self.optimizer.scale_loss(loss)
@@ -147,6 +200,18 @@ class Keras3Steps(Steps):
         if self.inner.loss_scale_factor is not None:
             scales.append(self.inner.loss_scale_factor)
         return scales
+
+    def unscale_in_apply(self, grads: List[Any]) -> List[Any]:
+        return self.unscale(grads)  # apply divides by the scales whatever the step did
+
+    def build(self, variables: List[Any]) -> None:
+        if not self.optimizer.built:
+            with tf.init_scope():
+                self.optimizer.build(variables)
+            self.optimizer.built = True
+
+    def state(self) -> List[Any]:
+        return list(self.optimizer.variables)  # a LossScaleOptimizer's include its inner optimizer's
 
     def unscale(self, grads: List[Any]) -> List[Any]:
         for scale in self.loss_scales():
@@ -163,3 +228,8 @@ class Keras3Steps(Steps):
         if not self.all_reduce or not tf.distribute.has_strategy():  # no sum over replicas, or one replica
             return [g for g, _ in pairs]
         return [g for g, _ in self.inner._all_reduce_sum_gradients(pairs)]
+
+
+def accumulation_steps(optimizer: Any) -> int:
+    """Keras 3's ``gradient_accumulation_steps`` (0 for none); in a LossScaleOptimizer, its inner optimizer's."""
+    return getattr(getattr(optimizer, "inner_optimizer", optimizer), "gradient_accumulation_steps", None) or 0

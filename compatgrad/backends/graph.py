@@ -35,7 +35,7 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     xs, ys, sample_weights = (fitting[0], fitting[1], None) if fitting else _standardize(model, batch, class_weight)
     weighted = any(w is not None for w in sample_weights or [])
     if weighted and hasattr(model, "_training_endpoints"):
-        _add_sample_weight_feeds(model, sample_weights)
+        _add_sample_weight_feeds(model, flavour, sample_weights)
 
     feeds = list(model._feed_inputs) + list(model._feed_targets)
     values = list(xs) + list(ys)
@@ -50,6 +50,11 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     kinds, run, phased = cached(model, key, state, lambda: _build(weakref.ref(model), flavour, feeds, request))
     loss, loss_scale, *fetched = run(values + [training] if phased else values)
     return Result(_unpack(kinds, fetched), loss, loss_scale)
+
+
+def build(model: Any, flavour: Flavour, batch: Batch) -> None:
+    """Build the model (a subclassed one also compiles its loss) as train_on_batch does: by standardizing the batch."""
+    _standardize(model, batch, None)
 
 
 def _build(model_ref: "weakref.ref", flavour: Flavour, feeds: List[Any], request: Request) -> tuple:
@@ -167,14 +172,69 @@ def _standardize(model: Any, batch: Batch, class_weight: Optional[Dict[Any, floa
     return xs, ys, sample_weights
 
 
-def _add_sample_weight_feeds(model: Any, sample_weights: List[Any]) -> None:
+def _add_sample_weight_feeds(model: Any, flavour: Flavour, sample_weights: List[Any]) -> None:
     """Give the loss sample-weight placeholders, as ``train_on_batch`` does on its first weighted batch.
 
     The model keeps them afterwards (unweighted calls leave them at their default of 1). Its
-    train and test functions were built without them and would be fed out of place, so they are
-    dropped for Keras to rebuild, exactly as Keras does when it recompiles the loss itself.
+    train and test functions were built without them and would be fed out of place, so the ones
+    Keras built are dropped for Keras to rebuild, exactly as Keras does when it recompiles the
+    loss itself. A function installed by hand (see ``_installed_by_hand``) is never dropped: where
+    it would go stale, this raises before anything changes.
     """
+    # Keras' rule for a weighted batch: _update_sample_weight_modes gives every output a mode, and
+    # an output without its placeholder then mismatches, so _recompile_weights_loss_and_weighted_metrics
+    # recompiles. Read here before anything changes.
+    endpoints = model._training_endpoints
+    recompiles = getattr(model, "_is_compiled", True) and any(e.sample_weight is None for e in endpoints)
+    names = ("train_function", "test_function")
+    by_hand = [name for name in names if _installed_by_hand(model, flavour, name)] if recompiles else []
+    if recompiles and by_hand:
+        name = by_hand[0]
+        raise UnsupportedModelError(
+            "model.{0}: expected None or the function Keras built, got {1} installed by hand; this "
+            "weighted batch would give the model sample-weight feeds and recompile its loss, leaving that "
+            "function stale (built on the old loss, fed out of place). Pass sample_weight to get_gradients "
+            "(or train_on_batch) once before installing {0}, or call get_gradients without "
+            "sample_weight".format(name, _describe(getattr(model, name)))
+        )
     model._update_sample_weight_modes(sample_weights=sample_weights)
     if model._recompile_weights_loss_and_weighted_metrics():
-        model.train_function = None
-        model.test_function = None
+        for name in names:
+            if name not in by_hand:
+                setattr(model, name, None)
+
+
+def _installed_by_hand(model: Any, flavour: Flavour, name: str) -> bool:
+    """Whether ``model.<name>`` (train_function, test_function) is something other than what Keras built.
+
+    Keras' ``_make_train_function`` / ``_make_test_function`` build it as ``K.function(feeds,
+    [total_loss] + metrics, updates=..., name="train_function")`` (resp. "test_function"). Told
+    from its structure, never a version: an instance of the class that the model's own backend
+    module's ``function`` makes (GraphExecutionFunction), whose first output is the model's current
+    ``total_loss`` and whose name is the attribute's (or None: TF 1.x's ``K.function`` drops the
+    name). Anything else is the user's: a Python function or callable object (wrapping Keras' own or
+    not), a K.function of the user's under another name or over another loss. None (nothing built
+    yet) is not. A K.function of the user's over ``total_loss`` itself, unnamed or named as Keras
+    names it, cannot be told from Keras' own and is dropped as Keras' own would be.
+    """
+    function = getattr(model, name, None)
+    if function is None:
+        return False
+    cls = type(function)
+    backend = _paths.load(flavour.root, "backend")
+    outputs = getattr(function, "outputs", None)
+    return not (
+        getattr(backend, cls.__name__, None) is cls
+        and getattr(function, "name", None) in (None, name)
+        and isinstance(outputs, list)
+        and len(outputs) > 0
+        and outputs[0] is model.total_loss
+    )
+
+
+def _describe(function: Any) -> str:
+    qualname = getattr(function, "__qualname__", None)
+    if qualname:
+        return "a {} {}".format(type(function).__name__, qualname)  # "a function train.<locals>.adversarial"
+    name = getattr(function, "name", None)
+    return "a {}{}".format(type(function).__name__, " named {!r}".format(name) if name else "")

@@ -15,7 +15,8 @@ from .._cache import cached
 from ..arrays import to_numpy
 from ..detect import Flavour
 from ..errors import InvalidArgumentError
-from . import Request, Result
+from ..inputs import Batch
+from . import Request, Result, custom_step
 from ._distribute import distributed_step, strategy_of
 from ._forward import Forward
 from ._state import PreservedState
@@ -46,6 +47,8 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
         except (ValueError, TypeError, tf.errors.InvalidArgumentError) as error:
             raise InvalidArgumentError("class_weight", "a dict {class index: weight} for a single-output model", str(error)) from error
 
+    if flavour.custom_step:
+        return custom_step.gradients(model, Keras2Steps, request, adapter.pack_x_y_sample_weight(x, y, sample_weight))
     data = (x, y) if sample_weight is None else (x, y, sample_weight)
     # The step reads the trainable variables when it is traced, as Keras' train function does: a
     # change of `trainable` takes effect for both on recompile, which replaces the state.
@@ -54,6 +57,11 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, Forward(model, request.tensors), request, strategy_of(model), len(data) == 3))
     grads, loss, loss_scale = step(*data)
     return Result([to_numpy(g) for g in grads], loss, loss_scale)
+
+
+def build(model: Any, flavour: Flavour, batch: Batch) -> None:
+    """Build the model as its train step does on the first batch: by calling it."""
+    model(batch.x, training=False)
 
 
 def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Request, strategy: Optional[Any], weighted: bool) -> Any:
@@ -77,8 +85,8 @@ def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Re
         return grads, loss, steps.scale(tf.ones_like(loss))
 
     if strategy is not None:  # as single_batch_iterator: the batch split across the replicas
-        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), "concat"), weighted)
-    return _paths.relaxed_function(step, weighted)
+        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), "concat"), 3 if weighted else 2)
+    return _paths.relaxed_function(step, 3 if weighted else 2)
 
 
 def _loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:

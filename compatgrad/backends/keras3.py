@@ -14,12 +14,13 @@ from .._cache import cached
 from ..arrays import to_numpy
 from ..data import is_distributed
 from ..detect import Flavour
-from ..errors import InvalidArgumentError
-from . import Request, Result
+from ..errors import InvalidArgumentError, NotCompiledError, UnsupportedModelError
+from ..inputs import Batch
+from . import Request, Result, custom_step
 from ._distribute import distributed_step, strategy_of
 from ._forward import Forward
 from ._state import PreservedState
-from ._steps import Keras3Steps
+from ._steps import Keras3Steps, accumulation_steps
 
 
 def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
@@ -31,6 +32,24 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
         utils = _paths.load(flavour.root, "data_adapter_utils")
         sample_weight = tf.convert_to_tensor(utils.class_weight_to_sample_weights(y, class_weight))
 
+    accumulation = accumulation_steps(model.optimizer)
+    if accumulation and strategy_of(model) is not None:
+        raise UnsupportedModelError("model.optimizer: accumulates gradients under a distribution strategy, "
+                                    "which compatgrad does not support yet; use gradient_accumulation_steps=None")
+    if flavour.custom_step:
+        utils = _paths.load(flavour.root, "data_adapter_utils")
+        result = custom_step.gradients(model, Keras3Steps, request, utils.pack_x_y_sample_weight(x, y, sample_weight))
+    else:
+        result = _compiled_step_gradients(model, flavour, request, x, y, sample_weight)
+    if not accumulation:
+        return result
+    # The step adds its gradients to the optimizer's accumulators, and applies their mean every k-th
+    # step; _iterations counts steps (from Keras 3.6 or so, iterations counts updates).
+    steps = getattr(model.optimizer, "inner_optimizer", model.optimizer)._iterations
+    return result._replace(applies_update=(int(steps.numpy()) + 1) % accumulation == 0)
+
+
+def _compiled_step_gradients(model: Any, flavour: Flavour, request: Request, x: Any, y: Any, sample_weight: Any) -> Result:
     # An unbuilt LossScaleOptimizer scales by its initial scale, a built one by its dynamic scale variable.
     built = model.optimizer.built
     data = (x, y) if sample_weight is None else (x, y, sample_weight)
@@ -40,6 +59,13 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     step = cached(model, key, state, lambda: _build(weakref.ref(model), flavour, Forward(model, request.tensors), request, strategy_of(model), len(data) == 3))
     grads, loss, loss_scale = step(*data)
     return Result([to_numpy(g) for g in grads], loss, loss_scale)
+
+
+def build(model: Any, flavour: Flavour, batch: Batch) -> None:
+    """Build the model (its metrics, loss and optimizer too) from its first batch, as train_on_batch
+    does under a strategy (without one it builds in its first trace, to the same weights)."""
+    with model.distribute_strategy.scope():  # a strategy's model gets mirrored variables
+        model._symbolic_build(data_batch=(batch.x, batch.y, batch.sample_weight))
 
 
 def _to_tensors(part: Any) -> Any:
@@ -70,12 +96,45 @@ def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request
         return grads, loss, steps.scale(tf.ones_like(loss))
 
     if strategy is not None:  # as train_on_batch: every replica gets the whole batch
+        _build_loss_outside_step(model_ref(), strategy, _paths.load(flavour.root, "backend"), request.batch)
         combine = "sum" if losses_divided else "first"  # each replica's share of the loss, or all of it
-        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), combine), weighted)
-    return _paths.relaxed_function(step, weighted)
+        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), combine), 3 if weighted else 2)
+    return _paths.relaxed_function(step, 3 if weighted else 2)
+
+
+def _build_loss_outside_step(model: Any, strategy: Any, backend: Any, batch: Any) -> None:
+    """Build the compiled loss from the batch's shapes under the strategy's scope, before the step is traced,
+    as train_on_batch does under a strategy (``_maybe_symbolic_build``: Keras 3.6, 3.15; not 3.3).
+
+    A CompileLoss of several losses creates a ``Mean`` tracker per output when it builds (3.6, 3.15; not 3.3).
+    Created in the step's first trace, inside ``strategy.run``, those distributed variables' initializers
+    cannot be lifted out of the tf.function, and its fallback (initialize in a ``cond``) fails
+    ("You must feed a value for placeholder tensor 'cond/else/...'").
+    """
+    compile_loss = getattr(model, "_compile_loss", None)
+    if compile_loss is None or compile_loss.built:
+        return
+
+    def spec(value: Any) -> Any:
+        if value is None:
+            return None
+        value = value.values[0] if is_distributed(value) else value  # one replica's part
+        return backend.KerasTensor(tuple(value.shape), backend.standardize_dtype(value.dtype))
+
+    def loss(x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+        return _loss(model, x, y, y_pred, sample_weight, training=False)  # training=False, as Keras builds it
+
+    x, y, sample_weight = (tf.nest.map_structure(spec, p) for p in (batch.x, batch.y, batch.sample_weight))
+    with strategy.scope():
+        y_pred = backend.compute_output_spec(model, x, training=False)
+        backend.compute_output_spec(loss, x, y, y_pred, sample_weight)
 
 
 def _loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> tf.Tensor:
+    if model._compile_loss is None and not model.losses:  # listed only now, after the forward pass
+        error = NotCompiledError("model: expected a model compiled with a loss (or with add_loss losses), got loss=None")
+        error.ag_pass_through = True  # type: ignore[attr-defined]  # autograph re-raises it as it is
+        raise error
     if hasattr(model, "_compute_loss"):  # Keras >= 3.4: calls compute_loss with training where it takes it
         return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
     return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)

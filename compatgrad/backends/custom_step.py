@@ -1,0 +1,185 @@
+"""Models whose class overrides ``train_step``: the model's own step runs, and each update is read as applied.
+
+The step is traced once into a ``tf.function`` with every optimizer the model holds
+(``model.optimizer`` and optimizers set as its attributes, as a GAN holds two) wrapped: when the
+step hands an optimizer its gradients (``apply_gradients``, ``minimize``; Keras 3 ``apply``), the
+wrapper records what that optimizer applies, after its own unscale (Keras 3), aggregation and
+clipping (``_steps``), and lets the update happen, so later parts of the step (a generator after
+its discriminator) see the weights the real step sees. Then every variable the step may write is
+put back: weights, optimizer iterations, slots and loss scale, metrics, layer states. A trainable
+weight changed by anything but a wrapped optimizer (a direct ``assign``, an optimizer the model
+does not hold) would make the answer wrong: its value is compared, and the call raises.
+"""
+import contextlib
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple, Type
+
+import tensorflow as tf
+
+from .. import _paths
+from .._cache import cached
+from ..arrays import to_numpy
+from ..errors import InvalidArgumentError, UnsupportedModelError
+from ..inputs import name_of
+from . import Request, Result
+from ._distribute import strategy_of
+from ._state import PreservedState
+from ._steps import Steps
+
+StepOutput = Tuple[List[Any], Any, Any]  # (gradients, loss, loss scale)
+
+
+def optimizers_of(model: Any) -> List[Any]:
+    """``model.optimizer``, then every optimizer among the model's attributes, each once."""
+    found = [model.optimizer]
+    for value in vars(model).values():
+        is_optimizer = hasattr(value, "apply_gradients") and hasattr(value, "iterations")
+        if is_optimizer and all(value is not known for known in found):
+            found.append(value)
+    return found
+
+
+def gradients(model: Any, steps_class: Type[Steps], request: Request, data: Any) -> Result:
+    """``data``: the batch packed as ``fit`` hands it to the step (``x`` alone, ``(x, y)`` or ``(x, y, sample_weight)``)."""
+    key = ("custom step", tuple(map(id, request.params)), tuple(map(id, request.tensors)), request.clip, request.sparse)
+    optimizers = optimizers_of(model)  # a compile that replaces them replaces the step
+    run = cached(model, key, optimizers, lambda: _build(weakref.ref(model), steps_class, request, strategy_of(model)))
+    grads, loss, loss_scale = run(data)
+    return Result([to_numpy(g) for g in grads], loss, loss_scale)
+
+
+def _build(model_ref: "weakref.ref", steps_class: Type[Steps], request: Request, strategy: Any) -> Callable[[Any], StepOutput]:
+    if request.tensors:
+        raise InvalidArgumentError(
+            "params", "variables only, for a model that overrides train_step (its step has no loss "
+            "compatgrad could take the gradients of layer outputs or inputs of)", "graph tensors")
+    if strategy is not None:
+        raise UnsupportedModelError(
+            "model: overrides train_step and was built under {}; compatgrad runs custom training steps "
+            "without a distribution strategy only, for now".format(type(strategy).__name__))
+    watched: List[Any] = []  # the trainable variables the step was checked on, as traced
+
+    def step(data: Any) -> Tuple[List[Any], Any, Any, Any]:
+        model = model_ref()
+        preserved = PreservedState(model, training=True)
+        recorder = Recorder(steps_class, request.clip)
+        recorder.save(model.trainable_variables)
+        with recorder.intercepting(optimizers_of(model)):
+            model.train_step(data)
+        watched[:] = list(model.trainable_variables) + [v for v in recorder.applied if not _among(v, model.trainable_variables)]
+        changed = tf.stack([recorder.changed(v) for v in watched]) if watched else tf.zeros([0], tf.bool)
+        recorder.restore()
+        preserved.restore()
+        grads = [recorder.grads.get(id(p)) for p in request.params]
+        grads = grads if request.sparse else [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        return grads, tf.constant(float("nan")), recorder.loss_scale(), changed
+
+    traced = _paths.relaxed_function(step, 1)
+
+    def run(data: Any) -> StepOutput:
+        grads, loss, loss_scale, changed = traced(data)
+        moved = [name_of(v) for v, flag in zip(watched, changed.numpy()) if flag]
+        if moved:  # the variables are back as they were; the gradients do not describe this step
+            raise UnsupportedModelError(
+                "model.train_step: changes {} other than through an optimizer the model holds (model.optimizer "
+                "or an optimizer attribute), e.g. by assign; compatgrad cannot tell what that step applies. "
+                "Hold every optimizer the step uses as a model attribute, and update weights only through "
+                "them".format(", ".join(moved)))
+        return grads, loss, loss_scale
+
+    return run
+
+
+class Recorder:
+    """Wraps optimizers while the step is traced: records what each applies, saves what each writes."""
+
+    def __init__(self, steps_class: Type[Steps], clip: bool):
+        self.steps_class, self.clip = steps_class, clip
+        self.saved: Dict[int, Tuple[Any, Any]] = {}  # id -> (variable, its value when the step began)
+        self.grads: Dict[int, Any] = {}  # id(variable) -> the gradient its optimizer applied
+        self.applied: List[Any] = []
+        self.before: Dict[int, Any] = {}  # id -> whether the variable was still unchanged when applied
+        self.after: Dict[int, Any] = {}  # id -> its value right after its optimizer applied
+        self.scales: List[Any] = []
+
+    def save(self, variables: Sequence[Any]) -> None:
+        for v in variables:
+            if id(v) not in self.saved:
+                self.saved[id(v)] = (v, tf.identity(v))
+
+    def restore(self) -> None:
+        for v, value in self.saved.values():
+            v.assign(value)
+
+    def changed(self, v: Any) -> Any:
+        """Whether ``v`` ends the step other than as its optimizer left it (or as it began, if none did)."""
+        if id(v) in self.after:
+            return tf.logical_or(_differs(v, self.after[id(v)]), tf.logical_not(self.before[id(v)]))
+        return _differs(v, self.saved[id(v)][1])
+
+    def loss_scale(self) -> Any:
+        """The first applying optimizer's loss scale (1.0 without loss scaling)."""
+        return self.scales[0] if self.scales else tf.constant(1.0)
+
+    @contextlib.contextmanager
+    def intercepting(self, optimizers: List[Any]) -> Iterator[None]:
+        """Instance attributes over the optimizers' apply methods for the trace; the class's again after it."""
+        patched = []
+        try:
+            name = self.steps_class.apply_method
+            for optimizer in optimizers:
+                setattr(optimizer, name, self._wrap(optimizer, getattr(optimizer, name), name == "apply"))
+                patched.append((optimizer, name))
+            yield
+        finally:
+            for optimizer, name in patched:
+                delattr(optimizer, name)
+
+    def _wrap(self, optimizer: Any, original: Callable, keras3: bool) -> Callable:
+        steps = self.steps_class(optimizer)
+
+        def apply(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+            if keras3:  # apply(grads, trainable_variables=None)
+                variables = args[0] if args else kwargs.get("trainable_variables", optimizer._trainable_variables)
+                pairs = list(zip(grads_and_vars, variables))
+            else:  # apply_gradients(grads_and_vars, name=None, experimental_aggregate_gradients=True)
+                grads_and_vars = pairs = list(grads_and_vars)
+            aggregate = kwargs.get("experimental_aggregate_gradients", True) and not kwargs.get("skip_gradients_aggregation", False)
+            self._record(steps, [(g, v) for g, v in pairs if g is not None], aggregate)
+            result = original(grads_and_vars, *args, **kwargs)
+            for _, v in pairs:
+                self.after[id(v)] = tf.identity(v)
+            return result
+
+        return apply
+
+    def _record(self, steps: Steps, pairs: List[Tuple[Any, Any]], aggregate: bool) -> None:
+        variables = [v for _, v in pairs]
+        for v in variables:
+            if id(v) in self.grads:
+                error = UnsupportedModelError(
+                    "model.train_step: applies a gradient to {} twice in one step; compatgrad returns one "
+                    "gradient per variable, so it cannot say which update the step makes".format(name_of(v)))
+                error.ag_pass_through = True  # type: ignore[attr-defined]  # autograph re-raises it as it is
+                raise error
+        steps.build(variables)
+        self.save(variables + steps.state())
+        for v in variables:
+            self.before[id(v)] = tf.logical_not(_differs(v, self.saved[id(v)][1]))
+        for (_, v), g in zip(pairs, steps.applied(pairs, self.clip, aggregate)):
+            self.grads[id(v)] = g
+            self.applied.append(v)
+        self.scales.append(steps.scale(tf.ones([])))
+
+
+def _differs(variable: Any, value: Any) -> Any:
+    """Whether the variable now holds anything else than ``value`` (NaN equal to NaN)."""
+    now = tf.identity(variable)
+    differs = tf.not_equal(now, value)
+    if now.dtype.is_floating:
+        differs = tf.logical_and(differs, tf.logical_not(tf.logical_and(tf.math.is_nan(now), tf.math.is_nan(value))))
+    return tf.reduce_any(differs)
+
+
+def _among(variable: Any, variables: Sequence[Any]) -> bool:
+    return any(variable is v for v in variables)

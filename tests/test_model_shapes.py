@@ -1,0 +1,95 @@
+"""Models people train that are not the plain compiled functional model: trained by add_loss alone
+(y=None), or not built until their first batch."""
+import numpy as np
+import pytest
+
+import kit
+from compatgrad import errors, get_gradients
+
+keras, tf = kit.keras, kit.tf
+layers = keras.layers
+TOL = 1e-5
+
+
+class Reconstruction(layers.Layer):
+    """A VAE-style loss added in the layer's call; the model is compiled without a loss."""
+
+    def call(self, inputs):
+        x, reconstructed = inputs
+        self.add_loss(tf.reduce_mean(tf.square(reconstructed - x)))
+        return reconstructed
+
+
+def autoencoder(loss=None):
+    inputs = layers.Input(shape=(4,))
+    reconstructed = layers.Dense(4)(layers.Dense(3, activation="tanh")(inputs))
+    model = keras.Model(inputs, Reconstruction()([inputs, reconstructed]))
+    model.compile(kit.sgd(), loss)
+    return model
+
+
+def test_add_loss_only_with_y_none(rng):
+    x = rng.randn(8, 4).astype("float32")
+    model, twin = autoencoder(), autoencoder()
+    twin.set_weights(model.get_weights())
+    grads = get_gradients(model, x)
+    assert kit.parity_difference(grads, kit.train_step_delta(twin, x, None)) < TOL
+
+
+def test_y_none_with_a_compiled_loss_is_refused(rng):
+    model = autoencoder(loss="mse")
+    with pytest.raises(errors.InvalidArgumentError, match="y: expected an array"):
+        get_gradients(model, rng.randn(8, 4).astype("float32"))
+
+
+@pytest.mark.skipif(kit.GRAPH, reason="the graph engine's compile itself refuses a model without any loss")
+def test_no_loss_at_all_is_refused(rng):
+    inputs = layers.Input(shape=(4,))
+    model = keras.Model(inputs, layers.Dense(2)(inputs))
+    model.compile(kit.sgd())
+    with pytest.raises(errors.NotCompiledError, match="loss"):
+        get_gradients(model, rng.randn(8, 4).astype("float32"))
+
+
+def seeded(seed):
+    return keras.initializers.RandomNormal(seed=seed)
+
+
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = layers.Dense(3, activation="tanh", kernel_initializer=seeded(1))
+        self.head = layers.Dense(2, kernel_initializer=seeded(2))
+
+    def call(self, x):
+        return self.head(self.hidden(x))
+
+
+def sequential_without_input_shape():
+    return keras.Sequential([layers.Dense(3, activation="tanh", kernel_initializer=seeded(1)), layers.Dense(2, kernel_initializer=seeded(2))])
+
+
+@pytest.mark.skipif(kit.RACY_TRAIN_STEP, reason="standalone Keras 2.2 applies a gradient that varies from run to run (see kit)")
+@pytest.mark.parametrize("make", [sequential_without_input_shape, Subclassed], ids=["sequential", "subclassed"])
+def test_built_from_the_first_batch_as_the_step_builds_it(make, rng):
+    """Seeded initializers build both models to the same weights: compatgrad's build is the twin's."""
+    x, y = rng.randn(8, 4).astype("float32"), rng.randn(8, 2).astype("float32")
+    model, twin = make(), make()
+    for m in (model, twin):
+        m.compile(kit.sgd(), "mse")
+    grads = get_gradients(model, x, y)
+    built = kit.values(model.trainable_weights)
+    assert len(grads) == 4
+    kit.train(twin, x, y)
+    assert kit.parity_difference(grads, [b - a for b, a in zip(built, kit.values(twin.trainable_weights))]) < TOL
+    kit.train(model, x, y)  # the build was the only change
+    assert kit.max_difference(kit.values(model.trainable_weights), kit.values(twin.trainable_weights)) < TOL
+
+
+@pytest.mark.skipif(kit.TF1, reason="tf.data datasets: TF 2")
+def test_an_unbuilt_model_with_a_dataset_is_refused(rng):
+    model = sequential_without_input_shape()
+    model.compile(kit.sgd(), "mse")
+    dataset = tf.data.Dataset.from_tensor_slices((rng.randn(8, 4).astype("float32"), rng.randn(8, 2).astype("float32"))).batch(4)
+    with pytest.raises(errors.InvalidArgumentError, match="built"):
+        get_gradients(model, dataset)

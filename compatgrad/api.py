@@ -66,13 +66,18 @@ def get_gradients(
     dataset = data.is_dataset(x)
 
     def make_batch(x: Any, y: Any, sample_weight: Any) -> inputs.Batch:
-        return data.distributed_batch(x, y, sample_weight) or inputs.check_batch(model, x, y, sample_weight, flavour.custom_step)
+        distributed = data.distributed_batch(x, y, sample_weight)
+        return distributed or inputs.check_batch(model, x, y, sample_weight, flavour.custom_step)
 
     batch = None if dataset else make_batch(x, y, sample_weight)
     # A custom train_step builds what it calls, which need not be model(x): its models come built.
     if not model.built and not flavour.custom_step:
         if batch is None:
-            raise InvalidArgumentError("model", "a built model for a whole dataset (build it, or pass one batch first)", "a model not built yet")
+            raise InvalidArgumentError(
+                "model",
+                "a built model for a whole dataset (build it, or pass one batch first)",
+                "a model not built yet",
+            )
         backend.build(model, flavour, batch)  # as train_on_batch builds it from its first batch
     wanted = targets.resolve(model, params)
 
@@ -87,12 +92,21 @@ def get_gradients(
         if not (return_info or dataset):  # reading the loss and a pass over every gradient: only when used
             return grads, None
         finite = return_info and all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads)
-        return grads, GradientInfo(float(result.loss), float(result.loss_scale), bool(finite), result.applies_update)
+        return grads, GradientInfo(
+            float(result.loss),
+            float(result.loss_scale),
+            bool(finite),
+            result.applies_update,
+        )
 
     if dataset:
         if flavour.custom_step:
-            raise InvalidArgumentError("x", "one batch for a model that overrides train_step (its step has no loss "
-                                       "compatgrad could add up over a dataset's batches)", type(x).__name__)
+            raise InvalidArgumentError(
+                "x",
+                "one batch for a model that overrides train_step (its step has no loss compatgrad "
+                "could add up over a dataset's batches)",
+                type(x).__name__,
+            )
         data.check_dataset_arguments(y, sample_weight, sparse, wanted.tensors)
         grads, loss, loss_scale, finite = data.over_dataset(model, flavour.root, x, steps, verbose, make_batch, batch_gradients)
         info = GradientInfo(loss, loss_scale, finite)
@@ -103,12 +117,21 @@ def get_gradients(
     return (output, info) if return_info else output
 
 
-def _raise_unconnected(model: Any, flavour: Flavour, wanted: targets.Targets, found: List[Any], missing: List[str]) -> None:
+def _raise_unconnected(
+    model: Any,
+    flavour: Flavour,
+    wanted: targets.Targets,
+    found: List[Any],
+    missing: List[str],
+) -> None:
     """Names what has no gradient; for a layer output, the likeliest cause: every Keras computes a
     crossentropy from the logits under a softmax / sigmoid output."""
     if flavour.custom_step:
-        raise UnconnectedGradientError("params", "variables the model's train_step applies a gradient to (or unconnected='zero')",
-                                       "no gradient applied to {}".format(", ".join(missing)))
+        raise UnconnectedGradientError(
+            "params",
+            "variables the model's train_step applies a gradient to (or unconnected='zero')",
+            "no gradient applied to {}".format(", ".join(missing)),
+        )
     inputs_ = {id(t) for t in getattr(model, "inputs", None) or []}
     tensors = {id(t) for t in wanted.tensors if id(t) not in inputs_}
     hint = any(g is None and id(p) in tensors for p, g in zip(wanted.params, found))

@@ -58,7 +58,13 @@ def check_unconnected(unconnected: Any) -> str:
     return unconnected
 
 
-def check_batch(model: Any, x: Structure, y: Structure, sample_weight: Optional[Structure], custom_step: bool) -> Batch:
+def check_batch(
+    model: Any,
+    x: Structure,
+    y: Structure,
+    sample_weight: Optional[Structure],
+    custom_step: bool,
+) -> Batch:
     """The batch in the forms every Keras accepts; a custom train_step unpacks it itself, so for one
     only the arrays and their one batch size are checked."""
     if custom_step:

@@ -4,6 +4,7 @@ The cell is chosen by environment variables, read before any model is built:
 COMPATGRAD_KERAS = tf.keras (default) | keras (standalone Keras 2.2/2.3) | tf_keras | keras3,
 COMPATGRAD_MODE = eager (default) | graph. TF 1.x is always graph mode.
 """
+import functools
 import importlib
 import inspect
 import os
@@ -161,6 +162,14 @@ def hand_gradients(forward, xs, y, wanted):
         tensors.update(("x{}".format(i), c) for i, c in enumerate(constants))
         loss = tf.reduce_mean(tf.square(prediction - y))
     return [np.array(g) for g in tape.gradient(loss, [tensors[name] for name in wanted])]
+
+
+@functools.lru_cache(maxsize=None)
+def mirrored():
+    """One MirroredStrategy over the two logical CPUs for the process: strategies made apart number their
+    all-reduces from the same collective keys, and two models' all-reduces of different sizes then meet
+    as one ("Shape mismatch in the collective instance 100"), train_on_batch's alike (TF 2.18, 2.21)."""
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def max_difference(a, b):

@@ -169,8 +169,8 @@ class GAN(keras.Model):
         super().compile()
         self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
 
-    def call(self, z):
-        return self.discriminator(self.generator(z))
+    def call(self, x):  # what Keras 3 builds from the batch under a strategy
+        return self.discriminator(x)
 
     def train_step(self, data):
         real = data[0] if isinstance(data, tuple) else data
@@ -294,3 +294,19 @@ def test_graph_mode_trains_the_compiled_loss_as_train_on_batch_does(rng):
     model.compile(kit.sgd(), "mse")
     grads = get_gradients(model, x, y)
     assert kit.parity_difference(grads, kit.train_step_delta(model, x, y)) < TOL
+
+
+@eager_only
+@optimizer_names
+def test_two_optimizers_under_a_mirrored_strategy(opt, rng):
+    """The step runs on both replicas, each on half the batch as fit splits it, and each optimizer
+    applies the cross-replica gradient (Keras 3.0-3.4: its own); compatgrad records it where it is applied."""
+    x = rng.randn(8, 4).astype("float32")
+    with kit.mirrored().scope():
+        model, twin = gan(opt), gan(opt)
+    twin.set_weights(model.get_weights())
+    grads = get_gradients(model, x)
+    before = kit.values(twin.trainable_weights)
+    twin.fit(x, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
+    assert kit.parity_difference(grads, [b - a for b, a in zip(before, kit.values(twin.trainable_weights))]) < TOL
+    assert kit.max_difference(kit.values(model.weights), before) == 0.0

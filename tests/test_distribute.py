@@ -1,5 +1,4 @@
 """tf.distribute: the cross-replica gradient the step applies, equal to one device's on the same batch."""
-import functools
 import json
 import os
 import socket
@@ -31,14 +30,6 @@ def model_on(strategy=None, **optimizer_kwargs):
         return build()
 
 
-@functools.lru_cache(maxsize=None)
-def mirrored():
-    """One strategy for the process: strategies made apart number their all-reduces from the same collective
-    keys, and two models' all-reduces of different sizes then meet as one ("Shape mismatch in the collective
-    instance 100"), train_on_batch's alike (TF 2.18, 2.21)."""
-    return kit.tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-
-
 def data(rng, n=32):
     return rng.randn(n, 5).astype("float32"), rng.randn(n, 1).astype("float32"), rng.uniform(0, 2, size=n).astype("float32")
 
@@ -59,7 +50,7 @@ def replicas_combine():
 def test_mirrored_equals_one_device_and_its_own_step(optimizer_kwargs, weighted, rng):
     x, y, weights = data(rng)
     weights = weights if weighted else None
-    strategy = mirrored()
+    strategy = kit.mirrored()
     try:
         distributed = model_on(strategy, **optimizer_kwargs)
     except ValueError as error:  # TF 2.2-2.3: "Gradient clipping in the optimizer ... is currently unsupported"
@@ -85,7 +76,7 @@ def test_distributed_dataset_gives_the_same_gradient(rng):
     if replicas_combine() != "mean":
         pytest.skip("Keras 3 < 3.8 does not average over replicas: not one device's gradient on the whole batch")
     x, y, weights = data(rng)
-    strategy = mirrored()
+    strategy = kit.mirrored()
     distributed, single = model_on(strategy), model_on()
     single.set_weights(distributed.get_weights())
     dataset = strategy.experimental_distribute_dataset(kit.tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(16))
@@ -123,7 +114,7 @@ def two_in_two_out_data(rng, keyed, n=32):
     return x, y, weights
 
 
-STRATEGIES = {"mirrored": mirrored, "one_device": lambda: kit.tf.distribute.OneDeviceStrategy("/cpu:0")}
+STRATEGIES = {"mirrored": kit.mirrored, "one_device": lambda: kit.tf.distribute.OneDeviceStrategy("/cpu:0")}
 
 
 @pytest.mark.parametrize("weighted", [True, False], ids=["weighted", "unweighted"])
@@ -157,7 +148,7 @@ def test_multi_input_multi_output_under_strategy(strategy_name, keyed, weighted,
 def test_multi_input_multi_output_distributed_dataset(keyed, rng):
     """The CompileLoss built from a distributed batch: from one replica's part of it."""
     x, y, _ = two_in_two_out_data(rng, keyed)
-    strategy = mirrored()
+    strategy = kit.mirrored()
     distributed = two_in_two_out_on(strategy, keyed)
     single = two_in_two_out_on(kit.tf.distribute.get_strategy(), keyed)
     single.set_weights(distributed.get_weights())

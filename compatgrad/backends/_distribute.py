@@ -46,7 +46,7 @@ def distributed_step(strategy: Any, replica_step: Callable, tensor_count: int, c
     def step(*data: Any) -> tuple:  # (x, y) or (x, y, sample_weight): no None through strategy.run
         x = data[0]
         if split and not is_distributed(tf.nest.flatten(x)[0]):  # a distributed dataset's batch is split already
-            data = _split(strategy, data)
+            data = split_batch(strategy, data)
         grads, loss, loss_scale = strategy.run(replica_step, args=data)
         local = strategy.experimental_local_results
         variables = len(grads) - tensor_count
@@ -60,7 +60,7 @@ def distributed_step(strategy: Any, replica_step: Callable, tensor_count: int, c
     return step
 
 
-def _split(strategy: Any, data: tuple) -> tuple:
+def split_batch(strategy: Any, data: tuple) -> tuple:
     """This worker's batch in contiguous parts, one per local replica, sized as tf.data's rebatching does."""
     local_replicas = len(strategy.extended.worker_devices)
 

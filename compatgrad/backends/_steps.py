@@ -35,7 +35,7 @@ class Steps:
         raise NotImplementedError
 
     def build(self, variables: List[Any]) -> None:
-        """Create the optimizer's variables for ``variables`` as its apply does, outside any traced function."""
+        """Create the optimizer's variables for ``variables`` as its apply does, outside the traced step."""
         raise NotImplementedError
 
     def state(self) -> List[Any]:
@@ -122,7 +122,9 @@ class Keras2Steps(Steps):
         found = list(variables() if callable(variables) else variables)
         # A LossScaleOptimizer's scale and good-step counter: its own attributes (V3) or its state's.
         holders = [self.optimizer, getattr(self.optimizer, "_loss_scale", None)] if self.scales else []
-        return found + [v for holder in holders if holder is not None for v in vars(holder).values() if isinstance(v, tf.Variable)]
+        for holder in filter(None, holders):
+            found += [v for v in vars(holder).values() if isinstance(v, tf.Variable)]
+        return found
 
     def unscale(self, grads: List[Any]) -> List[Any]:
         return list(self.optimizer.get_unscaled_gradients(grads)) if self.scales else grads
@@ -231,5 +233,5 @@ class Keras3Steps(Steps):
 
 
 def accumulation_steps(optimizer: Any) -> int:
-    """Keras 3's ``gradient_accumulation_steps`` (0 for none); in a LossScaleOptimizer, its inner optimizer's."""
+    """Keras 3's ``gradient_accumulation_steps`` (0 for none); a LossScaleOptimizer's inner optimizer's."""
     return getattr(getattr(optimizer, "inner_optimizer", optimizer), "gradient_accumulation_steps", None) or 0

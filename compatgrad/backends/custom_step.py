@@ -1,4 +1,4 @@
-"""Models whose class overrides ``train_step``: the model's own step runs, and each update is read as applied.
+"""Models whose class overrides ``train_step``: their own step runs, and each update is read as applied.
 
 The step is traced once into a ``tf.function`` with every optimizer the model holds
 (``model.optimizer`` and optimizers set as its attributes, as a GAN holds two) wrapped: when the
@@ -8,21 +8,24 @@ clipping (``_steps``), and lets the update happen, so later parts of the step (a
 its discriminator) see the weights the real step sees. Then every variable the step may write is
 put back: weights, optimizer iterations, slots and loss scale, metrics, layer states. A trainable
 weight changed by anything but a wrapped optimizer (a direct ``assign``, an optimizer the model
-does not hold) would make the answer wrong: its value is compared, and the call raises.
+does not hold) would make the answer wrong: its value is compared, and the call raises. Under a
+strategy the step runs on every replica, each recording on its own (``Interceptor``).
 """
 import contextlib
+import threading
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 import tensorflow as tf
 
 from .. import _paths
 from .._cache import cached
 from ..arrays import to_numpy
+from ..data import is_distributed
 from ..errors import InvalidArgumentError, UnsupportedModelError
 from ..inputs import name_of
 from . import Request, Result
-from ._distribute import strategy_of
+from ._distribute import split_batch, strategy_of
 from ._state import PreservedState
 from ._steps import Steps
 
@@ -40,99 +43,124 @@ def optimizers_of(model: Any) -> List[Any]:
 
 
 def gradients(model: Any, steps_class: Type[Steps], request: Request, data: Any) -> Result:
-    """``data``: the batch packed as ``fit`` hands it to the step (``x`` alone, ``(x, y)`` or ``(x, y, sample_weight)``)."""
-    key = ("custom step", tuple(map(id, request.params)), tuple(map(id, request.tensors)), request.clip, request.sparse)
+    """``data``: the batch packed as ``fit`` hands it to the step (``x`` alone, ``(x, y)`` or ``(x, y,
+    sample_weight)``), and split across a strategy's replicas as ``fit`` splits it."""
+    key = (
+        "custom step",
+        tuple(map(id, request.params)),
+        tuple(map(id, request.tensors)),
+        request.clip,
+        request.sparse,
+    )
     optimizers = optimizers_of(model)  # a compile that replaces them replaces the step
-    run = cached(model, key, optimizers, lambda: _build(weakref.ref(model), steps_class, request, strategy_of(model)))
+    run = cached(
+        model,
+        key,
+        optimizers,
+        lambda: _build(weakref.ref(model), steps_class, request, strategy_of(model)),
+    )
     grads, loss, loss_scale = run(data)
     return Result([to_numpy(g) for g in grads], loss, loss_scale)
 
 
-def _build(model_ref: "weakref.ref", steps_class: Type[Steps], request: Request, strategy: Any) -> Callable[[Any], StepOutput]:
+def _build(
+    model_ref: "weakref.ref",
+    steps_class: Type[Steps],
+    request: Request,
+    strategy: Optional[Any],
+) -> Callable[[Any], StepOutput]:
     if request.tensors:
         raise InvalidArgumentError(
-            "params", "variables only, for a model that overrides train_step (its step has no loss "
-            "compatgrad could take the gradients of layer outputs or inputs of)", "graph tensors")
-    if strategy is not None:
-        raise UnsupportedModelError(
-            "model: overrides train_step and was built under {}; compatgrad runs custom training steps "
-            "without a distribution strategy only, for now".format(type(strategy).__name__))
+            "params",
+            "variables only, for a model that overrides train_step (its step has no loss "
+            "compatgrad could take the gradients of layer outputs or inputs of)",
+            "graph tensors",
+        )
     watched: List[Any] = []  # the trainable variables the step was checked on, as traced
+    run_on = strategy or tf.distribute.get_strategy()
 
     def step(data: Any) -> Tuple[List[Any], Any, Any, Any]:
         model = model_ref()
-        preserved = PreservedState(model, training=True)
-        recorder = Recorder(steps_class, request.clip)
-        recorder.save(model.trainable_variables)
-        with recorder.intercepting(optimizers_of(model)):
+        # Trainable weights are saved and restored outside the replicas: a mirrored weight can be
+        # assigned only there. What each replica's optimizers write is saved where they apply.
+        at_start = {id(v): (v, tf.identity(v)) for v in model.trainable_variables}
+        interceptor = Interceptor(steps_class, request.clip, at_start)
+
+        def replica_step(data: Any) -> Tuple[List[Any], Any, Any, List[Any]]:
+            preserved = PreservedState(model, training=True)
+            recorder = interceptor.recorder()
             model.train_step(data)
-        watched[:] = list(model.trainable_variables) + [v for v in recorder.applied if not _among(v, model.trainable_variables)]
-        changed = tf.stack([recorder.changed(v) for v in watched]) if watched else tf.zeros([0], tf.bool)
-        recorder.restore()
-        preserved.restore()
-        grads = [recorder.grads.get(id(p)) for p in request.params]
+            late = [v for v in recorder.applied if id(v) not in at_start]
+            watched[:] = list(model.trainable_variables) + late
+            changed = [recorder.changed(v) for v in watched]
+            preserved.restore()
+            grads = [recorder.grads.get(id(p)) for p in request.params]
+            saved = [value for _, value in recorder.saved.values()]
+            return grads, recorder.loss_scale(), tf.stack(changed or [False]), saved
+
+        if strategy is not None and not is_distributed(tf.nest.flatten(data)[0]):
+            (data,) = split_batch(strategy, (data,))
+        with interceptor.wrapping(optimizers_of(model)):
+            grads, loss_scale, changed, saved = run_on.run(replica_step, args=(data,))
+
+        def first(value: Any) -> Any:  # the first replica's (Keras 3.0-3.4 do not sum: each has its own)
+            return None if value is None else run_on.experimental_local_results(value)[0]
+
+        written = [v for v, _ in interceptor.saved()]
+        for variable, value in list(at_start.values()) + list(zip(written, map(first, saved))):
+            variable.assign(value)
+        grads = [first(g) for g in grads]
         grads = grads if request.sparse else [None if g is None else tf.convert_to_tensor(g) for g in grads]
-        return grads, tf.constant(float("nan")), recorder.loss_scale(), changed
+        changed = tf.reduce_any(tf.stack(run_on.experimental_local_results(changed)), axis=0)
+        return grads, tf.constant(float("nan")), first(loss_scale), changed
 
     traced = _paths.relaxed_function(step, 1)
 
     def run(data: Any) -> StepOutput:
         grads, loss, loss_scale, changed = traced(data)
-        moved = [name_of(v) for v, flag in zip(watched, changed.numpy()) if flag]
+        moved = [name_of(v) for v, flag in zip(watched, changed.numpy()) if flag]  # zip drops the [False] pad
         if moved:  # the variables are back as they were; the gradients do not describe this step
             raise UnsupportedModelError(
-                "model.train_step: changes {} other than through an optimizer the model holds (model.optimizer "
-                "or an optimizer attribute), e.g. by assign; compatgrad cannot tell what that step applies. "
-                "Hold every optimizer the step uses as a model attribute, and update weights only through "
-                "them".format(", ".join(moved)))
+                "model.train_step: changes {} other than through an optimizer the model holds "
+                "(model.optimizer or an optimizer attribute), e.g. by assign; compatgrad cannot tell "
+                "what that step applies. Hold every optimizer the step uses as a model attribute, and "
+                "update weights only through them".format(", ".join(moved))
+            )
         return grads, loss, loss_scale
 
     return run
 
 
-class Recorder:
-    """Wraps optimizers while the step is traced: records what each applies, saves what each writes."""
+class Interceptor:
+    """Wraps the optimizers' apply methods while the step is traced; each replica records on its own.
 
-    def __init__(self, steps_class: Type[Steps], clip: bool):
-        self.steps_class, self.clip = steps_class, clip
-        self.saved: Dict[int, Tuple[Any, Any]] = {}  # id -> (variable, its value when the step began)
-        self.grads: Dict[int, Any] = {}  # id(variable) -> the gradient its optimizer applied
-        self.applied: List[Any] = []
-        self.before: Dict[int, Any] = {}  # id -> whether the variable was still unchanged when applied
-        self.after: Dict[int, Any] = {}  # id -> its value right after its optimizer applied
-        self.scales: List[Any] = []
+    A strategy's replicas trace the step in threads of their own, taking turns at every cross-replica
+    call: the wrappers are set once around them, and each call goes to its thread's ``Recorder``.
+    """
 
-    def save(self, variables: Sequence[Any]) -> None:
-        for v in variables:
-            if id(v) not in self.saved:
-                self.saved[id(v)] = (v, tf.identity(v))
+    def __init__(self, steps_class: Type[Steps], clip: bool, at_start: Dict[int, Tuple[Any, Any]]):
+        self.steps_class, self.clip, self.at_start = steps_class, clip, at_start
+        self.recorders: Dict[int, Recorder] = {}
 
-    def restore(self) -> None:
-        for v, value in self.saved.values():
-            v.assign(value)
+    def recorder(self) -> "Recorder":
+        return self.recorders.setdefault(threading.get_ident(), Recorder(self.clip, self.at_start))
 
-    def changed(self, v: Any) -> Any:
-        """Whether ``v`` ends the step other than as its optimizer left it (or as it began, if none did)."""
-        if id(v) in self.after:
-            return tf.logical_or(_differs(v, self.after[id(v)]), tf.logical_not(self.before[id(v)]))
-        return _differs(v, self.saved[id(v)][1])
-
-    def loss_scale(self) -> Any:
-        """The first applying optimizer's loss scale (1.0 without loss scaling)."""
-        return self.scales[0] if self.scales else tf.constant(1.0)
+    def saved(self) -> List[Tuple[Any, Any]]:
+        """What the optimizers write, as any replica saved it (every replica applies the same)."""
+        return list(next(iter(self.recorders.values())).saved.values()) if self.recorders else []
 
     @contextlib.contextmanager
-    def intercepting(self, optimizers: List[Any]) -> Iterator[None]:
-        """Instance attributes over the optimizers' apply methods for the trace; the class's again after it."""
+    def wrapping(self, optimizers: List[Any]) -> Iterator[None]:
+        """Instance attributes over the optimizers' apply methods for the trace; the class's after it."""
+        name = self.steps_class.apply_method
         patched = []
         try:
-            name = self.steps_class.apply_method
             for optimizer in optimizers:
                 setattr(optimizer, name, self._wrap(optimizer, getattr(optimizer, name), name == "apply"))
-                patched.append((optimizer, name))
+                patched.append(optimizer)
             yield
         finally:
-            for optimizer, name in patched:
+            for optimizer in patched:
                 delattr(optimizer, name)
 
     def _wrap(self, optimizer: Any, original: Callable, keras3: bool) -> Callable:
@@ -140,20 +168,37 @@ class Recorder:
 
         def apply(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
             if keras3:  # apply(grads, trainable_variables=None)
-                variables = args[0] if args else kwargs.get("trainable_variables", optimizer._trainable_variables)
+                variables = args[0] if args else kwargs.get("trainable_variables")
+                variables = optimizer._trainable_variables if variables is None else variables
                 pairs = list(zip(grads_and_vars, variables))
             else:  # apply_gradients(grads_and_vars, name=None, experimental_aggregate_gradients=True)
                 grads_and_vars = pairs = list(grads_and_vars)
-            aggregate = kwargs.get("experimental_aggregate_gradients", True) and not kwargs.get("skip_gradients_aggregation", False)
-            self._record(steps, [(g, v) for g, v in pairs if g is not None], aggregate)
+            # Keras 2 steps that sum across replicas themselves say so (OptimizerV2 / optimizer.Optimizer).
+            aggregate = kwargs.get("experimental_aggregate_gradients", True)
+            aggregate = aggregate and not kwargs.get("skip_gradients_aggregation", False)
+            recorder = self.recorder()
+            recorder.record(steps, [(g, v) for g, v in pairs if g is not None], aggregate)
             result = original(grads_and_vars, *args, **kwargs)
             for _, v in pairs:
-                self.after[id(v)] = tf.identity(v)
+                recorder.after[id(v)] = tf.identity(v)
             return result
 
         return apply
 
-    def _record(self, steps: Steps, pairs: List[Tuple[Any, Any]], aggregate: bool) -> None:
+
+class Recorder:
+    """One replica's record of what its optimizers applied, and what they write, saved before they do."""
+
+    def __init__(self, clip: bool, at_start: Dict[int, Tuple[Any, Any]]):
+        self.clip, self.at_start = clip, at_start
+        self.saved: Dict[int, Tuple[Any, Any]] = {}  # id -> (optimizer-written variable, its value before)
+        self.grads: Dict[int, Any] = {}  # id(variable) -> the gradient its optimizer applied
+        self.applied: List[Any] = []
+        self.before: Dict[int, Any] = {}  # id -> whether the variable was still as it began when applied
+        self.after: Dict[int, Any] = {}  # id -> its value right after its optimizer applied
+        self.scales: List[Any] = []
+
+    def record(self, steps: Steps, pairs: List[Tuple[Any, Any]], aggregate: bool) -> None:
         variables = [v for _, v in pairs]
         for v in variables:
             if id(v) in self.grads:
@@ -163,13 +208,26 @@ class Recorder:
                 error.ag_pass_through = True  # type: ignore[attr-defined]  # autograph re-raises it as it is
                 raise error
         steps.build(variables)
-        self.save(variables + steps.state())
+        for v in variables + steps.state():
+            if id(v) not in self.at_start and id(v) not in self.saved:
+                self.saved[id(v)] = (v, tf.identity(v))
         for v in variables:
-            self.before[id(v)] = tf.logical_not(_differs(v, self.saved[id(v)][1]))
+            if id(v) in self.at_start:
+                self.before[id(v)] = tf.logical_not(_differs(v, self.at_start[id(v)][1]))
         for (_, v), g in zip(pairs, steps.applied(pairs, self.clip, aggregate)):
             self.grads[id(v)] = g
             self.applied.append(v)
         self.scales.append(steps.scale(tf.ones([])))
+
+    def changed(self, v: Any) -> Any:
+        """Whether ``v`` ends the step other than as its optimizer left it (or as it began, if none did)."""
+        if id(v) in self.after:
+            return tf.logical_or(_differs(v, self.after[id(v)]), tf.logical_not(self.before.get(id(v), True)))
+        return _differs(v, self.at_start[id(v)][1])
+
+    def loss_scale(self) -> Any:
+        """The first applying optimizer's loss scale (1.0 without loss scaling)."""
+        return self.scales[0] if self.scales else tf.constant(1.0)
 
 
 def _differs(variable: Any, value: Any) -> Any:
@@ -177,9 +235,8 @@ def _differs(variable: Any, value: Any) -> Any:
     now = tf.identity(variable)
     differs = tf.not_equal(now, value)
     if now.dtype.is_floating:
-        differs = tf.logical_and(differs, tf.logical_not(tf.logical_and(tf.math.is_nan(now), tf.math.is_nan(value))))
+        both_nan = tf.logical_and(tf.math.is_nan(now), tf.math.is_nan(value))
+        differs = tf.logical_and(differs, tf.logical_not(both_nan))
     return tf.reduce_any(differs)
 
 
-def _among(variable: Any, variables: Sequence[Any]) -> bool:
-    return any(variable is v for v in variables)

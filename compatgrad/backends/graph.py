@@ -28,7 +28,10 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     if not hasattr(model.optimizer, "get_updates"):
         raise ModeError(
             "model.optimizer: graph mode trains through get_updates, which only the legacy optimizers have; "
-            "compile with tf.keras.optimizers.legacy.{0} (got {1}.{0})".format(type(model.optimizer).__name__, type(model.optimizer).__module__)
+            "compile with tf.keras.optimizers.legacy.{0} (got {1}.{0})".format(
+                type(model.optimizer).__name__,
+                type(model.optimizer).__module__,
+            )
         )
     plain = flavour.name != "keras" and class_weight is None and batch.sample_weight is None
     fitting = _fitting_arrays(model, batch) if plain else None
@@ -53,7 +56,8 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
 
 
 def build(model: Any, flavour: Flavour, batch: Batch) -> None:
-    """Build the model (a subclassed one also compiles its loss) as train_on_batch does: by standardizing the batch."""
+    """Build the model (a subclassed one also compiles its loss) as train_on_batch does: by
+    standardizing the batch."""
     _standardize(model, batch, None)
 
 

@@ -48,13 +48,14 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
             raise InvalidArgumentError("class_weight", "a dict {class index: weight} for a single-output model", str(error)) from error
 
     if flavour.custom_step:
-        return custom_step.gradients(model, Keras2Steps, request, adapter.pack_x_y_sample_weight(x, y, sample_weight))
+        packed = adapter.pack_x_y_sample_weight(x, y, sample_weight)  # as fit hands the step its batch
+        return custom_step.gradients(model, Keras2Steps, request, packed)
     data = (x, y) if sample_weight is None else (x, y, sample_weight)
     # The step reads the trainable variables when it is traced, as Keras' train function does: a
     # change of `trainable` takes effect for both on recompile, which replaces the state.
     key = ("keras2", tuple(map(id, request.params)), tuple(map(id, request.tensors)), request.training, request.clip, request.sparse, len(data))
     state = (model.optimizer, model.compiled_loss)
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, Forward(model, request.tensors), request, strategy_of(model), len(data) == 3))
+    step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, Forward(model, request.tensors), request, strategy_of(model), len(data)))
     grads, loss, loss_scale = step(*data)
     return Result([to_numpy(g) for g in grads], loss, loss_scale)
 
@@ -64,7 +65,7 @@ def build(model: Any, flavour: Flavour, batch: Batch) -> None:
     model(batch.x, training=False)
 
 
-def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Request, strategy: Optional[Any], weighted: bool) -> Any:
+def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Request, strategy: Optional[Any], arity: int) -> Any:
     params, training = request.params, request.training
 
     def step(*data: Any) -> tuple:  # (x, y) or (x, y, sample_weight), as train_step's data
@@ -85,8 +86,8 @@ def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Re
         return grads, loss, steps.scale(tf.ones_like(loss))
 
     if strategy is not None:  # as single_batch_iterator: the batch split across the replicas
-        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), "concat"), 3 if weighted else 2)
-    return _paths.relaxed_function(step, 3 if weighted else 2)
+        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), "concat"), arity)
+    return _paths.relaxed_function(step, arity)
 
 
 def _loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:

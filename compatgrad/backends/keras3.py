@@ -34,11 +34,14 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
 
     accumulation = accumulation_steps(model.optimizer)
     if accumulation and strategy_of(model) is not None:
-        raise UnsupportedModelError("model.optimizer: accumulates gradients under a distribution strategy, "
-                                    "which compatgrad does not support yet; use gradient_accumulation_steps=None")
+        raise UnsupportedModelError(
+            "model.optimizer: accumulates gradients under a distribution strategy, which compatgrad "
+            "does not support yet; use gradient_accumulation_steps=None"
+        )
     if flavour.custom_step:
         utils = _paths.load(flavour.root, "data_adapter_utils")
-        result = custom_step.gradients(model, Keras3Steps, request, utils.pack_x_y_sample_weight(x, y, sample_weight))
+        packed = utils.pack_x_y_sample_weight(x, y, sample_weight)  # as fit hands the step its batch
+        result = custom_step.gradients(model, Keras3Steps, request, packed)
     else:
         result = _compiled_step_gradients(model, flavour, request, x, y, sample_weight)
     if not accumulation:
@@ -49,14 +52,21 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     return result._replace(applies_update=(int(steps.numpy()) + 1) % accumulation == 0)
 
 
-def _compiled_step_gradients(model: Any, flavour: Flavour, request: Request, x: Any, y: Any, sample_weight: Any) -> Result:
+def _compiled_step_gradients(
+    model: Any,
+    flavour: Flavour,
+    request: Request,
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+) -> Result:
     # An unbuilt LossScaleOptimizer scales by its initial scale, a built one by its dynamic scale variable.
     built = model.optimizer.built
     data = (x, y) if sample_weight is None else (x, y, sample_weight)
     # Trainable variables are read when the step is traced, as by Keras' train function (see keras2).
     key = ("keras3", tuple(map(id, request.params)), tuple(map(id, request.tensors)), request.training, request.clip, request.sparse, built, len(data))
     state = (model.optimizer, model._compile_loss)
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), flavour, Forward(model, request.tensors), request, strategy_of(model), len(data) == 3))
+    step = cached(model, key, state, lambda: _build(weakref.ref(model), flavour, Forward(model, request.tensors), request, strategy_of(model), len(data)))
     grads, loss, loss_scale = step(*data)
     return Result([to_numpy(g) for g in grads], loss, loss_scale)
 
@@ -77,7 +87,7 @@ def _to_tensors(part: Any) -> Any:
     return part if part is None or isinstance(part, np.ndarray) or is_distributed(part) else tf.convert_to_tensor(part)
 
 
-def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request: Request, strategy: Optional[Any], weighted: bool) -> Any:
+def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request: Request, strategy: Optional[Any], arity: int) -> Any:
     params, training = request.params, request.training
     # Keras >= 3.8 divides each replica's loss by the replica count; before, every replica has all of it.
     losses_divided = hasattr(_paths.load(flavour.root, "losses"), "scale_loss_for_distribution")
@@ -98,8 +108,8 @@ def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request
     if strategy is not None:  # as train_on_batch: every replica gets the whole batch
         _build_loss_outside_step(model_ref(), strategy, _paths.load(flavour.root, "backend"), request.batch)
         combine = "sum" if losses_divided else "first"  # each replica's share of the loss, or all of it
-        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), combine), 3 if weighted else 2)
-    return _paths.relaxed_function(step, 3 if weighted else 2)
+        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), combine), arity)
+    return _paths.relaxed_function(step, arity)
 
 
 def _build_loss_outside_step(model: Any, strategy: Any, backend: Any, batch: Any) -> None:
@@ -132,7 +142,9 @@ def _build_loss_outside_step(model: Any, strategy: Any, backend: Any, batch: Any
 
 def _loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> tf.Tensor:
     if model._compile_loss is None and not model.losses:  # listed only now, after the forward pass
-        error = NotCompiledError("model: expected a model compiled with a loss (or with add_loss losses), got loss=None")
+        error = NotCompiledError(
+            "model: expected a model compiled with a loss (or with add_loss losses), got loss=None"
+        )
         error.ag_pass_through = True  # type: ignore[attr-defined]  # autograph re-raises it as it is
         raise error
     if hasattr(model, "_compute_loss"):  # Keras >= 3.4: calls compute_loss with training where it takes it

@@ -48,8 +48,13 @@ def output_names(model: Any) -> List[str]:
     names = getattr(model, "output_names", None)
     if names:
         return list(names)
-    outputs = getattr(model, "outputs", None) or [None]
+    outputs = graph_endpoints(model, "outputs") or [None]
     return ["output_{}".format(i + 1) for i in range(len(outputs))]
+
+
+def graph_endpoints(model: Any, name: str) -> List[Any]:
+    """``model.inputs`` / ``model.outputs``; none before the model is built (where Keras 3.3 raises)."""
+    return list(getattr(model, name, None) or []) if model.built else []
 
 
 def check_unconnected(unconnected: Any) -> str:
@@ -69,7 +74,7 @@ def check_batch(
     only the arrays and their one batch size are checked."""
     if custom_step:
         return Batch(x, y, sample_weight, _batch_size(x, y, sample_weight))
-    inputs = getattr(model, "inputs", None) or []
+    inputs = graph_endpoints(model, "inputs")
     outputs = output_names(model)
     _check_count("x", x, len(inputs), "model inputs")
     if y is not None or getattr(model, "loss", None):  # y=None: a model trained by its add_loss losses alone

@@ -13,6 +13,7 @@ Pairs = List[Tuple[Any, Any]]
 
 class Steps:
     apply_method: str  # the optimizer method every update goes through (apply_gradients, minimize, apply)
+    clips_in_apply: bool  # whether that method clips (else only the library's own training step does)
     optimizer: Any
     inner: Any  # the optimizer that aggregates and clips (inside a LossScaleOptimizer)
     clips: bool  # whether the optimizer clips at all
@@ -48,7 +49,8 @@ class Steps:
         step said not to, and clipped over ``pairs`` unless ``clip`` is False."""
         grads = self.unscale_in_apply([g for g, _ in pairs])
         every = list(range(len(pairs)))
-        for stage, indices in self.stages(every if aggregate else [], every if clip and self.clips else []):
+        clipped = every if clip and self.clips and self.clips_in_apply else []
+        for stage, indices in self.stages(every if aggregate else [], clipped):
             if indices:
                 grads = list(stage([(g, v) for g, (_, v) in zip(grads, pairs)]))
         return grads
@@ -98,6 +100,10 @@ class Keras2Steps(Steps):
         inner = getattr(optimizer, "inner_optimizer", None) or getattr(optimizer, "_optimizer", None)
         self.inner = inner if self.scales and inner is not None else optimizer
         self.clips = any(getattr(self.inner, name, None) for name in _KERAS2_CLIP_SETTINGS)
+        # apply_gradients clips in OptimizerV2 from TF 2.4 (_transform_gradients) and in
+        # optimizer.Optimizer (2.9+, aggregate_gradients); before, only get_gradients and the train
+        # step's own _minimize clip, so a custom step's apply_gradients applies its gradients unclipped.
+        self.clips_in_apply = hasattr(self.inner, "_transform_gradients") or hasattr(self.inner, "aggregate_gradients")
 
     def scale(self, loss: Any) -> Any:
         return self.optimizer.get_scaled_loss(loss) if self.scales else loss
@@ -176,6 +182,7 @@ def _standalone_keras_clip(optimizer: Any, grads: List[Any]) -> List[Any]:
 
 class Keras3Steps(Steps):
     apply_method = "apply"  # apply_gradients calls it
+    clips_in_apply = True
 
     def __init__(self, optimizer: Any):
         self.optimizer = optimizer

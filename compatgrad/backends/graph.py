@@ -44,6 +44,9 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
     values = list(xs) + list(ys)
     if weighted:
         feeds += model._feed_sample_weights
+        endpoints = getattr(model, "_training_endpoints", [])
+        if len(endpoints) == len(sample_weights):  # TF 1.14 gives an output weighted None no placeholder
+            sample_weights = [w for e, w in zip(endpoints, sample_weights) if e.sample_weight is not None]
         values += list(sample_weights)
     if len(feeds) != len(values):  # a positional mismatch would feed arrays into the wrong placeholders
         raise UnsupportedModelError("model: {} feeds but {} values after standardization; please report this model".format(len(feeds), len(values)))

@@ -48,7 +48,8 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
         return result
     # The step adds its gradients to the optimizer's accumulators, and applies their mean every k-th
     # step; _iterations counts steps (from Keras 3.6 or so, iterations counts updates).
-    steps = getattr(model.optimizer, "inner_optimizer", model.optimizer)._iterations
+    inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    steps = inner._iterations if hasattr(inner, "_iterations") else inner.iterations  # 3.3: no _iterations
     return result._replace(applies_update=(int(steps.numpy()) + 1) % accumulation == 0)
 
 

@@ -130,7 +130,7 @@ def _build_loss_outside_step(model: Any, strategy: Any, backend: Any, batch: Any
         if value is None:
             return None
         value = value.values[0] if is_distributed(value) else value  # one replica's part
-        return backend.KerasTensor(tuple(value.shape), backend.standardize_dtype(value.dtype))
+        return backend.KerasTensor(tuple(value.shape), value.dtype)  # which standardizes the dtype
 
     def loss(x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
         return _loss(model, x, y, y_pred, sample_weight, training=False)  # training=False, as Keras builds it

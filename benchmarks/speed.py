@@ -116,6 +116,7 @@ def run_mode(mode: str, rounds: int, calls: int, graph_calls: int) -> int:
         counts = {"compatgrad": calls, "hand-written": calls, "naive": 1 if mode == "graph" else calls}
         timings = interleaved({"compatgrad": compat, "hand-written": hand, "naive": naive}, rounds, counts)
         rows.append((workload.name, timings, difference))
+    rows.append(dataset_row(tf, keras, mode == "graph", get_gradients, rounds))
     print_table(rows, "tf.function + GradientTape" if mode == "eager" else "K.function built once", rounds, calls)
     print(RATIOS + json.dumps({name: paired(timings, "compatgrad", "hand-written") for name, timings, _ in rows}))
     mismatched = [name for name, _, difference in rows if difference > 1e-4]
@@ -129,6 +130,80 @@ def run_mode(mode: str, rounds: int, calls: int, graph_calls: int) -> int:
 
 
 RATIOS = "compat/hand per workload: "
+DATASET = "dataset 20,000 x 784, batch 128"
+TARGETS = {DATASET: 1.20}  # every other workload: 1.10
+
+
+def dataset_row(tf: Any, keras: Any, graph: bool, get_gradients: Callable, rounds: int) -> tuple:
+    """The MLP's gradient over a whole tf.data.Dataset next to a hand-written loop over it.
+
+    Eager, the hand-written loop is one tf.function that iterates over the dataset and adds up the
+    size-weighted batch gradients in the graph. Graph mode has no such loop over a Keras model's
+    placeholders: its hand-written recipe fetches each batch from a one-shot iterator and feeds it
+    to one K.function over the gradients, adding them up in numpy. Three epochs a round each.
+    """
+    rng = np.random.RandomState(2)
+    optimizers = getattr(keras.optimizers, "legacy", None) if graph else None
+    inputs = keras.layers.Input((784,))
+    model = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Dense(256, activation="relu")(inputs)))
+    sgd = getattr(optimizers, "SGD", None) or keras.optimizers.SGD  # graph mode trains with the legacy optimizers
+    model.compile(sgd(learning_rate=0.1), keras.losses.CategoricalCrossentropy(from_logits=True))
+    x, y = rng.randn(20000, 784).astype("float32"), np.eye(10, dtype="float32")[rng.randint(0, 10, 20000)]
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(128)
+    hand = graph_dataset_baseline(tf, keras.backend, model, dataset) if graph else eager_dataset_baseline(tf, model, dataset)
+    compat = lambda: get_gradients(model, dataset, verbose=0)  # noqa: E731
+    difference = max(float(np.max(np.abs(a - b))) for a, b in zip(compat(), hand()))
+    timings = interleaved({"compatgrad": compat, "hand-written": hand}, rounds, {"compatgrad": 3, "hand-written": 3})
+    timings["naive"] = timings["hand-written"]  # no naive recipe for datasets: the column reads 1
+    return DATASET, timings, difference
+
+
+def eager_dataset_baseline(tf: Any, model: Any, dataset: Any) -> Callable:
+    params = list(model.trainable_weights)
+
+    def loss_of(x: Any, y: Any) -> Any:
+        y_pred = model(x, training=False)
+        if hasattr(model, "compute_loss"):
+            return model.compute_loss(x=x, y=y, y_pred=y_pred)
+        return model.compiled_loss(y, y_pred, regularization_losses=model.losses)
+
+    # Over an iterator: autograph loops over a dataset itself by Dataset.reduce, which runs the body
+    # on tf.data's threads, slower (0.73 on TF 2.21 Keras 3) than the while loop it makes of this.
+    @tf.function
+    def over(iterator: Any) -> List[Any]:
+        sums = tuple(tf.zeros_like(p) for p in params)  # a tuple: autograph would stack a list
+        examples = tf.constant(0.0)
+        for x, y in iterator:
+            with tf.GradientTape() as tape:
+                loss = loss_of(x, y)
+            size = tf.cast(tf.shape(x)[0], tf.float32)
+            sums = tuple(s + size * g for s, g in zip(sums, tape.gradient(loss, params)))
+            examples += size
+        return [s / examples for s in sums]
+
+    return lambda: [g.numpy() for g in over(iter(dataset))]
+
+
+def graph_dataset_baseline(tf: Any, K: Any, model: Any, dataset: Any) -> Callable:
+    phase = K.symbolic_learning_phase() if hasattr(K, "symbolic_learning_phase") else K.learning_phase()
+    feeds = list(model._feed_inputs) + list(model._feed_targets) + [phase]
+    function = K.function(feeds, model.optimizer.get_gradients(model.total_loss, model.trainable_weights))
+
+    def over() -> List[Any]:
+        next_element = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        session = K.get_session()
+        sums, examples = None, 0
+        while True:
+            try:
+                x, y = session.run(next_element)
+            except tf.errors.OutOfRangeError:
+                break
+            grads = [len(x) * np.asarray(g, np.float64) for g in function([x, y, 0])]
+            sums = grads if sums is None else [s + g for s, g in zip(sums, grads)]
+            examples += len(x)
+        return [(s / examples).astype("float32") for s in sums]
+
+    return over
 
 
 def print_summary(mode: str, per_process: List[Dict[str, float]]) -> None:
@@ -142,9 +217,9 @@ def print_summary(mode: str, per_process: List[Dict[str, float]]) -> None:
     for name in per_process[0]:
         figures = [ratios[name] for ratios in per_process]
         median = float(np.median(figures))
-        missed += [name] if median > 1.10 else []
+        missed += [name] if median > TARGETS.get(name, 1.10) else []
         print("{:<30} {:>6.3f} ({})".format(name, median, ", ".join("{:.3f}".format(f) for f in figures)))
-    print("target compatgrad / hand-written <= 1.10: met on {} of {} workloads{}".format(
+    print("target compatgrad / hand-written <= 1.10 (the dataset: 1.20): met on {} of {} workloads{}".format(
         len(per_process[0]) - len(missed), len(per_process[0]), "; missed on " + ", ".join(missed) if missed else ""))
 
 

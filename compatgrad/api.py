@@ -1,14 +1,13 @@
-"""The front door: validate the arguments, pick the backend from the model itself, run it."""
-import sys
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+"""The front door: validate the arguments, let ``backends`` pick the engine from the model itself, run it."""
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from . import data, inputs, targets
 from .arrays import SparseGradient, numpy_dtype, static_shape
-from .backends import Request
-from .detect import Flavour, flavour_of, keras3_backend
-from .errors import InvalidArgumentError, ModeError, UnconnectedGradientError, UnsupportedModelError
+from .backends import Request, engine_for
+from .detect import Flavour, flavour_of
+from .errors import InvalidArgumentError, UnconnectedGradientError
 
 
 class GradientInfo(NamedTuple):
@@ -62,14 +61,18 @@ def get_gradients(
     inputs.check_compiled(model, flavour.custom_step, losses_listed=flavour.name != "keras3")
     training = inputs.check_learning_phase(learning_phase)
     unconnected = inputs.check_unconnected(unconnected)
-    backend = _backend(model, flavour)
+    engine = engine_for(model, flavour)
     dataset = data.is_dataset(x)
-
-    def make_batch(x: Any, y: Any, sample_weight: Any) -> inputs.Batch:
-        distributed = data.distributed_batch(x, y, sample_weight)
-        return distributed or inputs.check_batch(model, x, y, sample_weight, flavour.custom_step)
-
-    batch = None if dataset else make_batch(x, y, sample_weight)
+    batch = None
+    if not dataset:
+        data.check_not_dataset_arguments(steps)
+        batch = data.distributed_batch(x, y, sample_weight) or inputs.check_batch(
+            model,
+            x,
+            y,
+            sample_weight,
+            flavour.custom_step,
+        )
     # A custom train_step builds what it calls, which need not be model(x): its models come built.
     if not model.built and not flavour.custom_step:
         if batch is None:
@@ -78,28 +81,18 @@ def get_gradients(
                 "a built model for a whole dataset (build it, or pass one batch first)",
                 "a model not built yet",
             )
-        backend.build(model, flavour, batch)  # as train_on_batch builds it from its first batch
+        engine.build(model, flavour, batch)  # as train_on_batch builds it from its first batch
     wanted = targets.resolve(model, params)
+    request = Request(
+        wanted.variables,
+        wanted.tensors,
+        training,
+        bool(clip),
+        class_weight,
+        bool(sparse),
+    )
 
-    def batch_gradients(batch: inputs.Batch) -> Tuple[List[Any], Optional[GradientInfo]]:
-        request = Request(batch, wanted.variables, wanted.tensors, training, bool(clip), class_weight, bool(sparse))
-        result = backend.gradients(model, flavour, request)
-        found = wanted.arrange(result.grads)
-        missing = [name for name, g in zip(wanted.names, found) if g is None]
-        if missing and unconnected == "raise":
-            _raise_unconnected(model, flavour, wanted, found, missing)
-        grads = [_zeros_like(p, batch.size) if g is None else g for p, g in zip(wanted.params, found)]
-        if not (return_info or dataset):  # reading the loss and a pass over every gradient: only when used
-            return grads, None
-        finite = return_info and all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads)
-        return grads, GradientInfo(
-            float(result.loss),
-            float(result.loss_scale),
-            bool(finite),
-            result.applies_update,
-        )
-
-    if dataset:
+    if batch is None:
         if flavour.custom_step:
             raise InvalidArgumentError(
                 "x",
@@ -108,13 +101,26 @@ def get_gradients(
                 type(x).__name__,
             )
         data.check_dataset_arguments(y, sample_weight, sparse, wanted.tensors)
-        grads, loss, loss_scale, finite = data.over_dataset(model, flavour.root, x, steps, verbose, make_batch, batch_gradients)
-        info = GradientInfo(loss, loss_scale, finite)
+        result = data.over_dataset(model, flavour, engine, request, x, steps, verbose)
     else:
-        data.check_not_dataset_arguments(steps)
-        grads, info = batch_gradients(batch)
+        result = engine.gradients(model, flavour, request, batch)
+
+    found = wanted.arrange(result.grads)
+    missing = [name for name, g in zip(wanted.names, found) if g is None]
+    if missing and unconnected == "raise":
+        _raise_unconnected(model, flavour, wanted, found, missing)
+    size = 0 if batch is None else batch.size  # datasets take variables only: no batch-sized zeros
+    grads = [_zeros_like(p, size) if g is None else g for p, g in zip(wanted.params, found)]
     output: Any = dict(zip(wanted.names, grads)) if as_dict else grads
-    return (output, info) if return_info else output
+    if not return_info:  # reading the loss and a pass over every gradient: only when asked for
+        return output
+    info = GradientInfo(
+        float(result.loss),
+        float(result.loss_scale),
+        all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads),
+        result.applies_update,
+    )
+    return output, info
 
 
 def _raise_unconnected(
@@ -148,61 +154,3 @@ def _zeros_like(param: Any, batch_size: int) -> np.ndarray:
     if any(d is None for d in shape):
         raise UnconnectedGradientError("params", "a tensor of known shape to fill with zeros", "{} of shape {}".format(inputs.name_of(param), tuple(param.shape)))
     return np.zeros(shape, dtype=numpy_dtype(param))
-
-
-def _backend(model: Any, flavour: Flavour) -> Any:
-    """The backend module for this flavour in the current mode; only a supported pair is remembered."""
-    tf = sys.modules.get("tensorflow")  # absent only for a Keras 3 model on another backend
-    key = (flavour, tf is not None and tf.executing_eagerly())
-    backend = _BACKENDS.get(key)
-    if backend is None:
-        backend = _BACKENDS[key] = _choose_backend(model, flavour, key[1])
-    return backend
-
-
-_BACKENDS: Dict[Tuple[Flavour, bool], Any] = {}
-
-
-def _choose_backend(model: Any, flavour: Flavour, eager: bool) -> Any:
-    if flavour.name == "keras3":
-        return _keras3_backend(flavour)
-    tf = sys.modules["tensorflow"]
-    if flavour.graph and not eager:
-        from .backends import graph
-
-        return graph
-    if flavour.graph:
-        if flavour.name == "keras":
-            raise UnsupportedModelError("model: standalone Keras is supported in graph mode (TF 1.x) only")
-        if hasattr(model, "train_step"):  # a training_v1 model: built while eager execution was disabled
-            raise ModeError("model: built in graph mode, but eager execution is on now; build and use the model in one mode")
-        raise UnsupportedModelError(
-            "model: this Keras has no train_step (TF < 2.2), so only its graph mode can be matched; "
-            "call tf.compat.v1.disable_eager_execution() before building the model"
-        )
-    if not eager:
-        _raise_not_eager(tf, "model: built in eager mode, but eager execution is disabled now; call "
-                         "tf.compat.v1.disable_eager_execution() before building the model to use graph mode")
-    from .backends import keras2
-
-    return keras2
-
-
-def _keras3_backend(flavour: Flavour) -> Any:
-    name = keras3_backend(flavour.root)
-    if name != "tensorflow":
-        raise UnsupportedModelError("model: expected a Keras 3 model on the TensorFlow backend, got the {!r} backend".format(name))
-    import tensorflow as tf
-
-    if not tf.executing_eagerly():
-        _raise_not_eager(tf, "model: Keras 3 cannot train in graph mode (its train_on_batch returns an unevaluated tensor), "
-                         "so no gradient could match its step; run eagerly, or use tf_keras (TF_USE_LEGACY_KERAS=1) for graph mode")
-    from .backends import keras3
-
-    return keras3
-
-
-def _raise_not_eager(tf: Any, graph_mode_message: str) -> None:
-    if getattr(tf.compat.v1, "executing_eagerly_outside_functions", lambda: False)():
-        raise ModeError("get_gradients returns numpy arrays, so it cannot run inside a tf.function")
-    raise ModeError(graph_mode_message)

@@ -5,16 +5,25 @@ concatenated data weighs each batch by its size: sum_b n_b * g_b / sum_b n_b, re
 losses included once. A loss reduced with SUM adds up over batches instead: sum_b g_b.
 """
 import sys
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, NamedTuple, Optional, cast
 
 import numpy as np
 
 from . import _paths
+from .arrays import numpy_dtype
+from .backends import EagerEngine, Engine, Request, Result
+from .detect import Flavour
 from .errors import InvalidArgumentError
-from .inputs import Batch
+from .inputs import Batch, check_batch
 
-MakeBatch = Callable[[Any, Any, Any], Batch]  # (x, y, sample_weight) -> a validated Batch
-BatchGradients = Callable[[Batch], Tuple[List[Any], Any]]  # -> (grads, GradientInfo)
+
+class Sums(NamedTuple):
+    """Running sums over a dataset's batches: each weighted by its size (1 for SUM-reduced losses)."""
+
+    grads: List[Optional[Any]]  # arrays (at least float32), one per variable; None where unconnected
+    loss: float
+    examples: int
+    loss_scale: float  # the last batch's
 
 
 def is_dataset(x: Any) -> bool:
@@ -30,35 +39,86 @@ def is_dataset(x: Any) -> bool:
 
 
 def over_dataset(
-    model: Any, root: str, dataset: Any, steps: Optional[int], verbose: int, make_batch: MakeBatch, batch_gradients: BatchGradients,
-) -> Tuple[List[Any], float, float, bool]:
-    """(gradients, loss, last loss scale, all finite) over the dataset's batches, the first ``steps`` of them."""
+    model: Any,
+    flavour: Flavour,
+    engine: Engine,
+    request: Request,
+    dataset: Any,
+    steps: Optional[int],
+    verbose: int,
+) -> Result:
+    """The gradient over the dataset's batches (the first ``steps``), as on their concatenation.
+
+    A ``tf.data.Dataset`` run eagerly by a compiled step
+    stays in the graph, a chunk of batches per call (``_dataset_loop``); every other source (a
+    generator, a Sequence, a distributed dataset, graph mode, class weights, a strategy) goes
+    batch by batch through the engine, as single batches do.
+    """
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
         raise InvalidArgumentError("steps", "None or a positive number of batches", repr(steps))
     total = _length(dataset)
     if total == -1 and steps is None:
         raise InvalidArgumentError("steps", "a number of batches for an infinite dataset", "None")
     target = steps if steps is not None else (total if total is not None and total >= 0 else None)
-    progress = _paths.load(root, "progbar").Progbar(target) if verbose else None
+    progress = _paths.load(flavour.root, "progbar").Progbar(target) if verbose else None
     summed = _sum_reduced(model)
 
-    sums: Optional[List[np.ndarray]] = None
-    examples, loss_sum, finite, scale = 0, 0.0, True, 1.0
-    for count, element in enumerate(_batches(model, root, dataset, steps), 1):
-        batch = make_batch(*element)
-        grads, info = batch_gradients(batch)
+    if _stays_in_graph(model, flavour, request, dataset):
+        from .backends import _dataset_loop
+
+        x, y, sample_weight = _unpack(dataset.element_spec)
+        check_batch(model, x, y, sample_weight, custom_step=False)  # the structure, once for every batch
+        arity = 2 if sample_weight is None else 3
+        step = cast(EagerEngine, engine).traced_step(model, flavour, request, arity)
+        sums = _dataset_loop.sums(model, step, request.variables, dataset, steps, summed, progress)
+    else:
+        sums = _batch_by_batch(model, flavour, engine, request, dataset, steps, summed, progress)
+    if sums.examples == 0:
+        raise InvalidArgumentError("x", "a dataset with at least one batch", "an empty one")
+    divisor = 1.0 if summed else float(sums.examples)
+    grads = [None if s is None else (s / divisor).astype(numpy_dtype(v)) for s, v in zip(sums.grads, request.variables)]
+    return Result(grads, sums.loss / divisor, sums.loss_scale)
+
+
+def _stays_in_graph(model: Any, flavour: Flavour, request: Request, dataset: Any) -> bool:
+    """Whether the in-graph loop can run it: a plain tf.data.Dataset, eagerly, through a compiled
+    step that neither a strategy splits nor class weights reweigh (those go batch by batch)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(dataset, tf.data.Dataset) or not tf.executing_eagerly():
+        return False
+    from .backends._distribute import strategy_of
+
+    eager_compiled_step = not flavour.graph and not flavour.custom_step
+    return eager_compiled_step and request.class_weight is None and strategy_of(model) is None
+
+
+def _batch_by_batch(
+    model: Any,
+    flavour: Flavour,
+    engine: Engine,
+    request: Request,
+    dataset: Any,
+    steps: Optional[int],
+    summed: bool,
+    progress: Any,
+) -> Sums:
+    """Each batch checked and run through the engine as a single batch is; sums kept in numpy."""
+    totals: List[Any] = [None] * len(request.variables)
+    examples, loss, loss_scale = 0, 0.0, 1.0
+    for count, (x, y, sample_weight) in enumerate(_batches(model, flavour.root, dataset, steps), 1):
+        batch = distributed_batch(x, y, sample_weight) or check_batch(model, x, y, sample_weight, custom_step=False)
+        result = engine.gradients(model, flavour, request, batch)
         weight = 1.0 if summed else float(batch.size)
-        weighted = [weight * np.asarray(g, np.float64) for g in grads]
-        sums = weighted if sums is None else [s + w for s, w in zip(sums, weighted)]
+        for i, g in enumerate(result.grads):
+            if g is not None:
+                weighted = weight * np.asarray(g, np.float64)
+                totals[i] = weighted if totals[i] is None else totals[i] + weighted
         examples += batch.size
-        loss_sum += weight * info.loss
-        finite, scale = finite and info.all_finite, info.loss_scale
+        loss += weight * float(result.loss)
+        loss_scale = float(result.loss_scale)
         if progress is not None:
             progress.update(count)
-    if sums is None:
-        raise InvalidArgumentError("x", "a dataset with at least one batch", "an empty one")
-    divisor = 1.0 if summed else float(examples)
-    return [(s / divisor).astype(np.asarray(g).dtype) for s, g in zip(sums, grads)], loss_sum / divisor, scale, finite
+    return Sums(totals, loss, examples, loss_scale)
 
 
 def _batches(model: Any, root: str, dataset: Any, steps: Optional[int]) -> Iterator[tuple]:

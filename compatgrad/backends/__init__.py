@@ -1,15 +1,31 @@
-"""One module per engine: ``graph`` (TF1-style sessions), ``keras2`` (tf.keras / tf_keras eager), ``keras3``."""
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+"""The engines, one module each behind one interface (``Engine``), and the choice of one for a model.
 
+- ``graph``: TF1-style sessions (TF 1.x, standalone Keras 2.2/2.3, tf.keras / tf_keras models built
+  after ``tf.compat.v1.disable_eager_execution()``).
+- ``keras2``: tf.keras 2.2-2.15 and tf_keras, eager. ``keras3``: Keras 3 on TensorFlow, eager.
+- A model whose class overrides ``train_step`` runs its own step (``custom_step``), reached
+  through ``keras2`` / ``keras3``, which convert its batch as their Keras does.
+
+The engines import TensorFlow; this module does not, and imports an engine only once a model needs it.
+"""
+import sys
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..detect import Flavour, keras3_backend
+from ..errors import ModeError, UnsupportedModelError
 from ..inputs import Batch
+
+try:
+    from typing import Protocol
+except ImportError:  # Python 3.7: the interface is documentation only there
+    Protocol = object  # type: ignore[assignment]
 
 
 class Request(NamedTuple):
-    """What every backend is asked for, validated by the front door."""
+    """What every engine is asked for, the same for every batch, validated by the front door."""
 
-    batch: Batch
-    params: Sequence[Any]  # variables
-    tensors: Sequence[Any]  # graph tensors: layer outputs, model inputs
+    variables: Sequence[Any]  # the variables among the wanted params
+    tensors: Sequence[Any]  # the graph tensors among them: layer outputs, model inputs
     training: bool  # learning phase 1
     clip: bool
     class_weight: Optional[Dict[Any, float]]
@@ -17,11 +33,102 @@ class Request(NamedTuple):
 
 
 class Result(NamedTuple):
-    """What every backend returns: gradients for params then tensors, as numpy arrays or SparseGradient
-    (None where unconnected), the unscaled loss, the loss scale (scalars: floats, or eager tensors
-    that the front door reads only when it needs them)."""
+    """What every engine returns: gradients for variables then tensors, as numpy arrays or
+    SparseGradient (None where unconnected), the unscaled loss, the loss scale (scalars: floats, or
+    eager tensors that the front door reads only when it needs them)."""
 
     grads: List[Optional[Any]]
     loss: Any
     loss_scale: Any
     applies_update: bool = True  # False where the optimizer only accumulates this step's gradients
+
+
+# An eager step's (gradients for variables then tensors, None where unconnected; loss; loss scale), tensors.
+StepOutput = Tuple[List[Optional[Any]], Any, Any]
+# An eager engine's compiled step: (x, y) or (x, y, sample_weight) -> StepOutput.
+Step = Callable[..., StepOutput]
+
+
+class Engine(Protocol):
+    """What an engine module provides."""
+
+    def gradients(self, model: Any, flavour: Flavour, request: Request, batch: Batch) -> Result:
+        """The gradients of one batch, as the model's training step would apply them."""
+
+    def build(self, model: Any, flavour: Flavour, batch: Batch) -> None:
+        """Build an unbuilt model from its first batch, as its training step would."""
+
+
+class EagerEngine(Engine, Protocol):
+    def traced_step(self, model: Any, flavour: Flavour, request: Request, arity: int) -> Step:
+        """The compiled step (not for custom train steps), for loops that stay in the graph."""
+
+
+def engine_for(model: Any, flavour: Flavour) -> Engine:
+    """The engine for this flavour in the current mode; raises where no engine can match the step.
+
+    Only a supported (flavour, mode) pair is remembered, so a refusal is explained every time.
+    """
+    tf = sys.modules.get("tensorflow")  # absent only for a Keras 3 model on another backend
+    key = (flavour, tf is not None and tf.executing_eagerly())
+    engine = _ENGINES.get(key)
+    if engine is None:
+        engine = _ENGINES[key] = _choose(model, flavour, eager=key[1])
+    return engine
+
+
+_ENGINES: Dict[Tuple[Flavour, bool], Engine] = {}
+
+
+def _choose(model: Any, flavour: Flavour, eager: bool) -> Engine:
+    if flavour.name == "keras3":
+        return _keras3(flavour)
+    if flavour.graph and not eager:
+        from . import graph
+
+        return graph
+    if flavour.graph:
+        if flavour.name == "keras":
+            raise UnsupportedModelError("model: standalone Keras is supported in graph mode (TF 1.x) only")
+        if hasattr(model, "train_step"):  # a training_v1 model: built while eager execution was disabled
+            raise ModeError(
+                "model: built in graph mode, but eager execution is on now; build and use the model in one mode"
+            )
+        raise UnsupportedModelError(
+            "model: this Keras has no train_step (TF < 2.2), so only its graph mode can be matched; "
+            "call tf.compat.v1.disable_eager_execution() before building the model"
+        )
+    if not eager:
+        _raise_not_eager(
+            "model: built in eager mode, but eager execution is disabled now; call "
+            "tf.compat.v1.disable_eager_execution() before building the model to use graph mode"
+        )
+    from . import keras2
+
+    return keras2
+
+
+def _keras3(flavour: Flavour) -> Engine:
+    name = keras3_backend(flavour.root)
+    if name != "tensorflow":
+        raise UnsupportedModelError(
+            "model: expected a Keras 3 model on the TensorFlow backend, got the {!r} backend".format(name)
+        )
+    import tensorflow as tf
+
+    if not tf.executing_eagerly():
+        _raise_not_eager(
+            "model: Keras 3 cannot train in graph mode (its train_on_batch returns an unevaluated "
+            "tensor), so no gradient could match its step; run eagerly, or use tf_keras "
+            "(TF_USE_LEGACY_KERAS=1) for graph mode"
+        )
+    from . import keras3
+
+    return keras3
+
+
+def _raise_not_eager(graph_mode_message: str) -> None:
+    tf = sys.modules["tensorflow"]
+    if getattr(tf.compat.v1, "executing_eagerly_outside_functions", lambda: False)():
+        raise ModeError("get_gradients returns numpy arrays, so it cannot run inside a tf.function")
+    raise ModeError(graph_mode_message)

@@ -12,6 +12,10 @@ Pairs = List[Tuple[Any, Any]]
 
 
 class Steps:
+    """One optimizer's part of the training step: scale the loss, then, on the gradients, what
+    ``gradients`` does from top to bottom (unscale, then ``transform``: aggregate and clip in this
+    Keras' order)."""
+
     apply_method: str  # the optimizer method every update goes through (apply_gradients, minimize, apply)
     clips_in_apply: bool  # whether that method clips (else only the library's own training step does)
     optimizer: Any
@@ -21,7 +25,19 @@ class Steps:
     def scale(self, loss: Any) -> Any:
         raise NotImplementedError
 
+    def loss_scale(self) -> Any:
+        """The loss scale in force (1.0 without loss scaling): what ``scale`` multiplies a loss by.
+
+        Read through ``scale`` itself: the LossScaleOptimizers of each Keras name it differently.
+        """
+        return self.scale(tf.ones([]))
+
     def unscale(self, grads: List[Any]) -> List[Any]:
+        raise NotImplementedError
+
+    def transform(self, pairs: Pairs, aggregated: Sequence[int], clipped: Sequence[int]) -> List[Any]:
+        """The unscaled gradients of ``pairs`` summed across replicas (those at ``aggregated``) and
+        clipped (those at ``clipped``), in the order this Keras does both."""
         raise NotImplementedError
 
     def aggregate(self, pairs: Pairs) -> List[Any]:
@@ -32,9 +48,6 @@ class Steps:
         """``pairs`` hold every trainable variable the optimizer updates (a global norm needs them all)."""
         raise NotImplementedError
 
-    def stages(self, present: List[int], updated: List[int]) -> List[Tuple[Callable[[Pairs], List[Any]], List[int]]]:
-        raise NotImplementedError
-
     def build(self, variables: List[Any]) -> None:
         """Create the optimizer's variables for ``variables`` as its apply does, outside the traced step."""
         raise NotImplementedError
@@ -43,48 +56,63 @@ class Steps:
         """Every variable the optimizer's apply writes: iterations, slots, loss scale and its counter."""
         raise NotImplementedError
 
+    def unscale_in_apply(self, grads: List[Any]) -> List[Any]:
+        raise NotImplementedError
+
     def applied(self, pairs: Pairs, clip: bool, aggregate: bool) -> List[Any]:
         """What the optimizer applies when the step hands it ``pairs`` (gradients not None): unscaled
         (Keras 3 divides in ``apply``; Keras 2 is handed unscaled gradients), aggregated unless the
         step said not to, and clipped over ``pairs`` unless ``clip`` is False."""
         grads = self.unscale_in_apply([g for g, _ in pairs])
-        every = list(range(len(pairs)))
-        clipped = every if clip and self.clips and self.clips_in_apply else []
-        for stage, indices in self.stages(every if aggregate else [], clipped):
-            if indices:
-                grads = list(stage([(g, v) for g, (_, v) in zip(grads, pairs)]))
-        return grads
-
-    def unscale_in_apply(self, grads: List[Any]) -> List[Any]:
-        raise NotImplementedError
+        every = range(len(pairs))
+        clipped = every if clip and self.clips and self.clips_in_apply else ()
+        return self.transform([(g, v) for g, (_, v) in zip(grads, pairs)], every if aggregate else (), clipped)
 
     def gradients(
-        self, scaled_loss: Any, params: Sequence[Any], trainable: Sequence[Any], gradient: Gradient, clip: bool,
-        tensors: Sequence[Any] = (), sparse: bool = False,
+        self,
+        scaled_loss: Any,
+        variables: Sequence[Any],
+        trainable: Sequence[Any],
+        gradient: Gradient,
+        clip: bool,
+        tensors: Sequence[Any] = (),
+        sparse: bool = False,
     ) -> List[Optional[Any]]:
-        """What the training step hands to the update, for ``params`` then ``tensors``; None where unconnected.
+        """What the training step hands to the update, for ``variables`` then ``tensors``; None where
+        unconnected.
 
         ``scaled_loss`` is ``self.scale(loss)``, computed where ``gradient`` sees it (inside the tape).
-        Params the optimizer does not update (non-trainable variables) come unscaled and aggregated,
+        Variables the optimizer does not update (non-trainable ones) come unscaled and aggregated,
         unclipped; graph tensors (activations, inputs) come unscaled only: they belong to this replica.
         ``tf.IndexedSlices`` (embedding gradients) stay sparse with ``sparse``, else become dense.
         """
-        param_ids = {id(p) for p in params}
-        wrt = list(params)
-        if clip and self.clips and params:  # the global norm of what is returned needs them all
-            wrt += [v for v in trainable if id(v) not in param_ids]
+        wanted = {id(v) for v in variables}
+        wrt = list(variables)
+        if clip and self.clips and variables:  # the global norm of what is returned needs them all
+            wrt += [v for v in trainable if id(v) not in wanted]
         grads = self.unscale(list(gradient(scaled_loss, wrt + list(tensors))))
         tensor_grads, grads = grads[len(wrt):], grads[: len(wrt)]
 
         present = [i for i, g in enumerate(grads) if g is not None]
         trainable_ids = {id(v) for v in trainable}
-        updated = [i for i in present if id(wrt[i]) in trainable_ids] if clip and self.clips else []
-        for stage, indices in self.stages(present, updated):
-            if indices:
-                for i, g in zip(indices, stage([(grads[i], wrt[i]) for i in indices])):
-                    grads[i] = g
-        grads = grads[: len(params)] + tensor_grads
+        # Only what the optimizer updates is clipped; every gradient is summed across replicas.
+        updated = [k for k, i in enumerate(present) if id(wrt[i]) in trainable_ids] if clip and self.clips else []
+        transformed = self.transform([(grads[i], wrt[i]) for i in present], range(len(present)), updated)
+        for i, g in zip(present, transformed):
+            grads[i] = g
+        grads = grads[: len(variables)] + tensor_grads
         return grads if sparse else [None if g is None else tf.convert_to_tensor(g) for g in grads]
+
+
+def _on(stage: Callable[[Pairs], List[Any]], pairs: Pairs, indices: Sequence[int]) -> Pairs:
+    """``pairs`` with the gradients at ``indices`` replaced by what ``stage`` makes of them together."""
+    indices = list(indices)
+    if not indices:
+        return pairs
+    pairs = list(pairs)
+    for i, g in zip(indices, stage([pairs[i] for i in indices])):
+        pairs[i] = (g, pairs[i][1])
+    return pairs
 
 
 _KERAS2_CLIP_SETTINGS = ("clipnorm", "clipvalue", "global_clipnorm", "_clipnorm", "_clipvalue", "_global_clipnorm", "gradient_transformers")
@@ -135,8 +163,11 @@ class Keras2Steps(Steps):
     def unscale(self, grads: List[Any]) -> List[Any]:
         return list(self.optimizer.get_unscaled_gradients(grads)) if self.scales else grads
 
-    def stages(self, present: List[int], updated: List[int]) -> list:
-        return [(self.aggregate, present), (self.clip, updated)]
+    def transform(self, pairs: Pairs, aggregated: Sequence[int], clipped: Sequence[int]) -> List[Any]:
+        """``apply_gradients``' order: the cross-replica sum, then clipping."""
+        pairs = _on(self.aggregate, pairs, aggregated)
+        pairs = _on(self.clip, pairs, clipped)
+        return [g for g, _ in pairs]
 
     def aggregate(self, pairs: Pairs) -> List[Any]:
         inner = self.inner
@@ -227,8 +258,11 @@ class Keras3Steps(Steps):
             grads = [None if g is None else tf.convert_to_tensor(g) / tf.cast(scale, g.dtype) for g in grads]
         return grads
 
-    def stages(self, present: List[int], updated: List[int]) -> list:
-        return [(self.clip, updated), (self.aggregate, present)]
+    def transform(self, pairs: Pairs, aggregated: Sequence[int], clipped: Sequence[int]) -> List[Any]:
+        """``BaseOptimizer.apply``'s order: clipping, then the cross-replica sum."""
+        pairs = _on(self.clip, pairs, clipped)
+        pairs = _on(self.aggregate, pairs, aggregated)
+        return [g for g, _ in pairs]
 
     def clip(self, pairs: Pairs) -> List[Any]:
         return list(self.inner._clip_gradients([g for g, _ in pairs]))

@@ -16,15 +16,15 @@ from ..arrays import to_numpy
 from ..detect import Flavour
 from ..errors import InvalidArgumentError
 from ..inputs import Batch
-from . import Request, Result, custom_step
+from . import Request, Result, Step, StepOutput, custom_step
 from ._distribute import distributed_step, strategy_of
 from ._forward import Forward
 from ._state import PreservedState
 from ._steps import Keras2Steps
 
 
-def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
-    batch, class_weight = request.batch, request.class_weight
+def gradients(model: Any, flavour: Flavour, request: Request, batch: Batch) -> Result:
+    class_weight = request.class_weight
     adapter = _paths.load(flavour.root, "data_adapter")
     floatx = _paths.load(flavour.root, "backend").floatx()
 
@@ -51,13 +51,39 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
         packed = adapter.pack_x_y_sample_weight(x, y, sample_weight)  # as fit hands the step its batch
         return custom_step.gradients(model, Keras2Steps, request, packed)
     data = (x, y) if sample_weight is None else (x, y, sample_weight)
-    # The step reads the trainable variables when it is traced, as Keras' train function does: a
-    # change of `trainable` takes effect for both on recompile, which replaces the state.
-    key = ("keras2", tuple(map(id, request.params)), tuple(map(id, request.tensors)), request.training, request.clip, request.sparse, len(data))
-    state = (model.optimizer, model.compiled_loss)
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), adapter, Forward(model, request.tensors), request, strategy_of(model), len(data)))
-    grads, loss, loss_scale = step(*data)
+    grads, loss, loss_scale = traced_step(model, flavour, request, len(data))(*data)
     return Result([to_numpy(g) for g in grads], loss, loss_scale)
+
+
+def traced_step(model: Any, flavour: Flavour, request: Request, arity: int) -> Step:
+    """The step as one cached ``tf.function`` of ``(x, y)`` or ``(x, y, sample_weight)`` (``arity``).
+
+    It reads the trainable variables when it is traced, as Keras' train function does: a change of
+    ``trainable`` takes effect for both on recompile, which replaces the state.
+    """
+    key = (
+        "keras2",
+        tuple(map(id, request.variables)),
+        tuple(map(id, request.tensors)),
+        request.training,
+        request.clip,
+        request.sparse,
+        arity,
+    )
+    state = (model.optimizer, model.compiled_loss)
+    return cached(
+        model,
+        key,
+        state,
+        lambda: _build(
+            weakref.ref(model),
+            _paths.load(flavour.root, "data_adapter"),
+            Forward(model, request.tensors),
+            request,
+            strategy_of(model),
+            arity,
+        ),
+    )
 
 
 def build(model: Any, flavour: Flavour, batch: Batch) -> None:
@@ -65,10 +91,17 @@ def build(model: Any, flavour: Flavour, batch: Batch) -> None:
     model(batch.x, training=False)
 
 
-def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Request, strategy: Optional[Any], arity: int) -> Any:
-    params, training = request.params, request.training
+def _build(
+    model_ref: "weakref.ref",
+    adapter: Any,
+    forward: Forward,
+    request: Request,
+    strategy: Optional[Any],
+    arity: int,
+) -> Step:
+    variables, training = request.variables, request.training
 
-    def step(*data: Any) -> tuple:  # (x, y) or (x, y, sample_weight), as train_step's data
+    def step(*data: Any) -> StepOutput:  # (x, y) or (x, y, sample_weight), as train_step's data
         model = model_ref()
         if hasattr(adapter, "expand_1d"):  # train_step of TF 2.2-2.6 expands 1-D arrays
             data = adapter.expand_1d(data)
@@ -76,14 +109,22 @@ def _build(model_ref: "weakref.ref", adapter: Any, forward: Forward, request: Re
         steps = Keras2Steps(model.optimizer)
 
         preserved = PreservedState(model, training)
-        with forward.tape(params, x) as tape:
-            tape.watch(params)  # non-trainable params are not watched by default
+        with forward.tape(variables, x) as tape:
+            tape.watch(variables)  # non-trainable variables are not watched by default
             activations, y_pred = forward(model, tape, x, training)
             loss = _loss(model, x, y, y_pred, sample_weight)
             scaled_loss = steps.scale(loss)
-        grads = steps.gradients(scaled_loss, params, model.trainable_variables, tape.gradient, request.clip, activations, request.sparse)
+        grads = steps.gradients(
+            scaled_loss,
+            variables,
+            model.trainable_variables,
+            tape.gradient,
+            request.clip,
+            activations,
+            request.sparse,
+        )
         preserved.restore()
-        return grads, loss, steps.scale(tf.ones_like(loss))
+        return grads, loss, steps.loss_scale()
 
     if strategy is not None:  # as single_batch_iterator: the batch split across the replicas
         return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), "concat"), arity)

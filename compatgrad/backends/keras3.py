@@ -16,15 +16,15 @@ from ..data import is_distributed
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, NotCompiledError, UnsupportedModelError
 from ..inputs import Batch
-from . import Request, Result, custom_step
+from . import Request, Result, Step, StepOutput, custom_step
 from ._distribute import distributed_step, strategy_of
 from ._forward import Forward
 from ._state import PreservedState
 from ._steps import Keras3Steps, accumulation_steps
 
 
-def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
-    batch, class_weight = request.batch, request.class_weight
+def gradients(model: Any, flavour: Flavour, request: Request, batch: Batch) -> Result:
+    class_weight = request.class_weight
     x, y, sample_weight = (_to_tensors(part) for part in (batch.x, batch.y, batch.sample_weight))
     if class_weight:
         if sample_weight is not None:
@@ -43,6 +43,9 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
         packed = utils.pack_x_y_sample_weight(x, y, sample_weight)  # as fit hands the step its batch
         result = custom_step.gradients(model, Keras3Steps, request, packed)
     else:
+        strategy = strategy_of(model)
+        if strategy is not None:
+            _build_loss_outside_step(model, strategy, _paths.load(flavour.root, "backend"), batch)
         result = _compiled_step_gradients(model, flavour, request, x, y, sample_weight)
     if not accumulation:
         return result
@@ -61,15 +64,42 @@ def _compiled_step_gradients(
     y: Any,
     sample_weight: Any,
 ) -> Result:
-    # An unbuilt LossScaleOptimizer scales by its initial scale, a built one by its dynamic scale variable.
-    built = model.optimizer.built
     data = (x, y) if sample_weight is None else (x, y, sample_weight)
-    # Trainable variables are read when the step is traced, as by Keras' train function (see keras2).
-    key = ("keras3", tuple(map(id, request.params)), tuple(map(id, request.tensors)), request.training, request.clip, request.sparse, built, len(data))
-    state = (model.optimizer, model._compile_loss)
-    step = cached(model, key, state, lambda: _build(weakref.ref(model), flavour, Forward(model, request.tensors), request, strategy_of(model), len(data)))
-    grads, loss, loss_scale = step(*data)
+    grads, loss, loss_scale = traced_step(model, flavour, request, len(data))(*data)
     return Result([to_numpy(g) for g in grads], loss, loss_scale)
+
+
+def traced_step(model: Any, flavour: Flavour, request: Request, arity: int) -> Step:
+    """The step as one cached ``tf.function`` of ``(x, y)`` or ``(x, y, sample_weight)`` (``arity``).
+
+    Trainable variables are read when it is traced, as by Keras' train function (see keras2). An
+    unbuilt LossScaleOptimizer scales by its initial scale, a built one by its dynamic scale
+    variable: each gets a step of its own.
+    """
+    key = (
+        "keras3",
+        tuple(map(id, request.variables)),
+        tuple(map(id, request.tensors)),
+        request.training,
+        request.clip,
+        request.sparse,
+        model.optimizer.built,
+        arity,
+    )
+    state = (model.optimizer, model._compile_loss)
+    return cached(
+        model,
+        key,
+        state,
+        lambda: _build(
+            weakref.ref(model),
+            flavour,
+            Forward(model, request.tensors),
+            request,
+            strategy_of(model),
+            arity,
+        ),
+    )
 
 
 def build(model: Any, flavour: Flavour, batch: Batch) -> None:
@@ -88,26 +118,40 @@ def _to_tensors(part: Any) -> Any:
     return part if part is None or isinstance(part, np.ndarray) or is_distributed(part) else tf.convert_to_tensor(part)
 
 
-def _build(model_ref: "weakref.ref", flavour: Flavour, forward: Forward, request: Request, strategy: Optional[Any], arity: int) -> Any:
-    params, training = request.params, request.training
+def _build(
+    model_ref: "weakref.ref",
+    flavour: Flavour,
+    forward: Forward,
+    request: Request,
+    strategy: Optional[Any],
+    arity: int,
+) -> Step:
+    variables, training = request.variables, request.training
     # Keras >= 3.8 divides each replica's loss by the replica count; before, every replica has all of it.
     losses_divided = hasattr(_paths.load(flavour.root, "losses"), "scale_loss_for_distribution")
 
-    def step(x: Any, y: Any, sample_weight: Any = None) -> tuple:
+    def step(x: Any, y: Any, sample_weight: Any = None) -> StepOutput:
         model = model_ref()
         steps = Keras3Steps(model.optimizer)
         preserved = PreservedState(model, training)
-        with forward.tape(params, x) as tape:
-            tape.watch([p.value for p in params])  # non-trainable params are not watched by default
+        with forward.tape(variables, x) as tape:
+            tape.watch([v.value for v in variables])  # non-trainable variables are not watched by default
             activations, y_pred = forward(model, tape, x, training)
             loss = _loss(model, x, y, y_pred, sample_weight, training)
             scaled_loss = steps.scale(loss)
-        grads = steps.gradients(scaled_loss, params, model.trainable_weights, tape.gradient, request.clip, activations, request.sparse)
+        grads = steps.gradients(
+            scaled_loss,
+            variables,
+            model.trainable_weights,
+            tape.gradient,
+            request.clip,
+            activations,
+            request.sparse,
+        )
         preserved.restore()
-        return grads, loss, steps.scale(tf.ones_like(loss))
+        return grads, loss, steps.loss_scale()
 
     if strategy is not None:  # as train_on_batch: every replica gets the whole batch
-        _build_loss_outside_step(model_ref(), strategy, _paths.load(flavour.root, "backend"), request.batch)
         combine = "sum" if losses_divided else "first"  # each replica's share of the loss, or all of it
         return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), combine), arity)
     return _paths.relaxed_function(step, arity)

@@ -23,6 +23,7 @@ class Sums(NamedTuple):
     grads: List[Optional[Any]]  # arrays (at least float32), one per variable; None where unconnected
     loss: float
     examples: int
+    batches: int
     loss_scale: float  # the last batch's
 
 
@@ -73,6 +74,9 @@ def over_dataset(
         sums = _dataset_loop.sums(model, step, request.variables, dataset, steps, summed, progress)
     else:
         sums = _batch_by_batch(model, flavour, engine, request, dataset, steps, summed, progress)
+    if progress is not None and progress.target is None:  # an unknown length: now known, the bar ends
+        progress.target = sums.batches
+        progress.update(sums.batches)
     if sums.examples == 0:
         raise InvalidArgumentError("x", "a dataset with at least one batch", "an empty one")
     divisor = 1.0 if summed else float(sums.examples)
@@ -104,7 +108,7 @@ def _batch_by_batch(
 ) -> Sums:
     """Each batch checked and run through the engine as a single batch is; sums kept in numpy."""
     totals: List[Any] = [None] * len(request.variables)
-    examples, loss, loss_scale = 0, 0.0, 1.0
+    examples, loss, loss_scale, count = 0, 0.0, 1.0, 0
     for count, (x, y, sample_weight) in enumerate(_batches(model, flavour.root, dataset, steps), 1):
         batch = distributed_batch(x, y, sample_weight) or check_batch(model, x, y, sample_weight, custom_step=False)
         result = engine.gradients(model, flavour, request, batch)
@@ -118,7 +122,7 @@ def _batch_by_batch(
         loss_scale = float(result.loss_scale)
         if progress is not None:
             progress.update(count)
-    return Sums(totals, loss, examples, loss_scale)
+    return Sums(totals, loss, examples, count, loss_scale)
 
 
 def _batches(model: Any, root: str, dataset: Any, steps: Optional[int]) -> Iterator[tuple]:

@@ -4,6 +4,7 @@ import pytest
 
 import kit
 from compatgrad import errors, get_gradients
+from test_behaviour import WithUnusedWeight
 
 layers = kit.keras.layers
 TOL = 1e-5
@@ -110,3 +111,47 @@ def test_sum_reduced_loss_next_to_regularization_is_refused(rng):
     summed = regularized_model(sum_reduced_mse())
     with pytest.raises(errors.InvalidArgumentError, match="model: expected no regularization losses next to a SUM-reduced loss"):
         get_gradients(summed, generator((x, y), 16), verbose=0)
+
+
+def two_output_model():
+    inputs = layers.Input((5,))
+    hidden = layers.Dense(4, activation="tanh", name="hidden")(inputs)
+    model = kit.keras.Model(inputs, [layers.Dense(1, name="a")(hidden), layers.Dense(2, name="b")(hidden)])
+    model.compile(kit.sgd(), ["mse", "mse"], loss_weights=[1.0, 0.5])
+    return model
+
+
+def test_many_batches_with_per_output_weights_add_up(rng):
+    """More batches than one chunk of the in-graph loop (eager tf.data), per-output sample weights."""
+    x, ya, yb = rng.randn(42, 5).astype("float32"), rng.randn(42, 1).astype("float32"), rng.randn(42, 2).astype("float32")
+    weights = rng.uniform(0, 2, size=42).astype("float32")
+    model = two_output_model()
+    targets, per_output = {"a": ya, "b": yb}, {"a": weights, "b": weights[::-1].copy()}
+    dataset = kit.tf.data.Dataset.from_tensor_slices((x, targets, per_output)).batch(2)
+    grads = get_gradients(model, dataset, verbose=0)
+    delta = kit.train_step_delta(model, x, [ya, yb], sample_weight=[weights, weights[::-1].copy()])
+    assert kit.parity_difference(grads, delta) <= TOL
+
+
+def test_a_variable_without_gradient_over_a_dataset(rng):
+    """Unconnected over a dataset: raises, or zeros, and the rest still adds up."""
+    x, y = rng.randn(40, 3).astype("float32"), rng.randn(40, 1).astype("float32")
+    inputs = layers.Input(shape=(3,))
+    layer = WithUnusedWeight(name="with_unused")
+    model = kit.keras.Model(inputs, layer(inputs))
+    model.compile(kit.sgd(), "mse")
+    dataset = tf_dataset((x, y), 16)
+    with pytest.raises(errors.UnconnectedGradientError, match="unused"):
+        get_gradients(model, dataset, verbose=0)
+    kernel, zeros = get_gradients(model, dataset, params=[layer.kernel, layer.unused], unconnected="zero", verbose=0)
+    assert zeros.shape == (2,) and not zeros.any()
+    if not kit.GRAPH:  # the eager step skips None gradients; graph mode's get_updates refuses them
+        assert kit.parity_difference([kernel], kit.train_step_delta(model, x, y)[:1]) <= TOL
+
+
+def test_progress_bar_counts_every_batch_of_a_tf_dataset(rng, capsys):
+    x, y, _ = data(rng)
+    model = regularized_model()
+    get_gradients(model, tf_dataset((x, y), 2))
+    # Graph mode reads no cardinality: there the bar learns its end when the dataset ends.
+    assert "20/20" in capsys.readouterr().out

@@ -57,7 +57,7 @@ def sums(
         if int(count) < size:  # the dataset ended
             break
     grads = [None if i in chunk.unconnected else t.numpy() for i, t in enumerate(totals)]
-    return Sums(grads, float(loss), int(examples), float(loss_scale))
+    return Sums(grads, float(loss), int(examples), done, float(loss_scale))
 
 
 class Chunk:

@@ -7,6 +7,7 @@ of 128 generated on the fly by tf.data, so the data itself is never held. It pri
 of compatgrad over the dataset next to the naive way (collect every batch, then one call on the
 concatenation) and the ratio of each peak to the one at the smallest length.
 """
+
 import argparse
 import os
 import resource
@@ -23,7 +24,9 @@ def measure(method: str, batches: int) -> float:
     import compatgrad
 
     keras = tf.keras
-    model = keras.Sequential([keras.layers.Dense(256, activation="relu", input_shape=(FEATURES,)), keras.layers.Dense(CLASSES)])
+    model = keras.Sequential(
+        [keras.layers.Dense(256, activation="relu", input_shape=(FEATURES,)), keras.layers.Dense(CLASSES)]
+    )
     model.compile(keras.optimizers.SGD(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
     def batch(index):
@@ -54,11 +57,16 @@ def main() -> None:
     for method in ("compatgrad", "naive"):
         first = None
         for batches in args.batches:
-            output = subprocess.run([sys.executable, __file__, "--child", method, str(batches)], env=env, check=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode()
+            output = subprocess.run(
+                [sys.executable, __file__, "--child", method, str(batches)],
+                env=env,
+                check=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            ).stdout.decode()
             peak = float(output.strip().splitlines()[-1])
             first = first or peak
-            print("{:<11} {:>8} {:>14.0f} {:>10.2f}".format(method, batches, peak, peak / first))
+            print(f"{method:<11} {batches:>8} {peak:>14.0f} {peak / first:>10.2f}")
 
 
 if __name__ == "__main__":

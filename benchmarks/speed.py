@@ -1,6 +1,7 @@
 """Per-call cost of compatgrad next to a hand-written compiled step and the naive recipe.
 
-    python -m benchmarks [--mode eager|graph|import] [--processes 3] [--rounds 8] [--calls 20] [--graph-calls 1000]
+    python -m benchmarks [--mode eager|graph|import] [--processes 3] [--rounds 8] [--calls 20]
+                         [--graph-calls 1000]
 
 Without ``--mode`` it runs every mode this TensorFlow has, each in ``--processes`` fresh processes
 (graph mode has to be switched on before anything is built), and sums up compat / hand-written
@@ -15,6 +16,7 @@ gradients. Then: graph ops added and calls per second over 1,000 graph calls (10
 recipe), eager traces over batch sizes 128, 100, 64, 128, and the time ``import compatgrad`` adds
 to ``import tensorflow``.
 """
+
 import argparse
 import gc
 import importlib
@@ -58,13 +60,26 @@ def main(argv: Optional[List[str]] = None) -> int:
         per_process: List[Dict[str, float]] = []
         for process in range(args.processes):
             graph_calls = args.graph_calls if process == 0 else 0  # growth and traces once
-            command = [sys.executable, "-m", "benchmarks", "--mode", mode, "--rounds", str(args.rounds),
-                       "--calls", str(args.calls), "--graph-calls", str(graph_calls)]
+            command = [
+                sys.executable,
+                "-m",
+                "benchmarks",
+                "--mode",
+                mode,
+                "--rounds",
+                str(args.rounds),
+                "--calls",
+                str(args.calls),
+                "--graph-calls",
+                str(graph_calls),
+            ]
             sys.stdout.flush()
-            run = subprocess.run(command, env=env, stdout=subprocess.PIPE, universal_newlines=True)
+            run = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
             print(run.stdout, end="")
             failed |= run.returncode
-            per_process += [json.loads(line[len(RATIOS):]) for line in run.stdout.splitlines() if line.startswith(RATIOS)]
+            per_process += [
+                json.loads(line[len(RATIOS) :]) for line in run.stdout.splitlines() if line.startswith(RATIOS)
+            ]
             if not per_process:  # a mode this TensorFlow does not have
                 break
         if per_process:
@@ -79,9 +94,17 @@ def run_mode(mode: str, rounds: int, calls: int, graph_calls: int) -> int:
 
     tf1 = not hasattr(tf, "function") or tf.__version__.startswith("1.")
     flavour = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
-    keras = tf.keras if flavour == "tf.keras" else importlib.import_module("keras" if flavour == "keras3" else flavour)
+    keras = (
+        tf.keras
+        if flavour == "tf.keras"
+        else importlib.import_module("keras" if flavour == "keras3" else flavour)
+    )
     keras3 = keras.Model.__module__.endswith(".models.model")
-    print("\n== {} mode: TF {}, {} {}".format(mode, tf.__version__, flavour, keras.__version__ if hasattr(keras, "__version__") else ""))
+    print(
+        "\n== {} mode: TF {}, {} {}".format(
+            mode, tf.__version__, flavour, keras.__version__ if hasattr(keras, "__version__") else ""
+        )
+    )
     if mode == "eager" and tf1:
         print("skipped: TF 1.x has no eager training step")
         return 0
@@ -117,13 +140,20 @@ def run_mode(mode: str, rounds: int, calls: int, graph_calls: int) -> int:
         timings = interleaved({"compatgrad": compat, "hand-written": hand, "naive": naive}, rounds, counts)
         rows.append((workload.name, timings, difference))
     rows.append(dataset_row(tf, keras, mode == "graph", get_gradients, rounds))
-    print_table(rows, "tf.function + GradientTape" if mode == "eager" else "K.function built once", rounds, calls)
-    print(RATIOS + json.dumps({name: paired(timings, "compatgrad", "hand-written") for name, timings, _ in rows}))
+    print_table(
+        rows, "tf.function + GradientTape" if mode == "eager" else "K.function built once", rounds, calls
+    )
+    print(
+        RATIOS
+        + json.dumps({name: paired(timings, "compatgrad", "hand-written") for name, timings, _ in rows})
+    )
     mismatched = [name for name, _, difference in rows if difference > 1e-4]
     if mismatched:  # then the timings compare different computations
         print("MISMATCH: compatgrad and the hand-written step disagree on " + ", ".join(mismatched))
     if graph_calls and mode == "graph":
-        graph_growth(get_gradients, graph_baselines(keras.backend, baselines[0])[1], workloads[0], graph_calls)
+        graph_growth(
+            get_gradients, graph_baselines(keras.backend, baselines[0])[1], workloads[0], graph_calls
+        )
     elif graph_calls:
         traces(tf, get_gradients, workloads[0].model, np.random.RandomState(1))
     return 1 if mismatched else 0
@@ -147,17 +177,25 @@ def dataset_row(tf: Any, keras: Any, graph: bool, get_gradients: Callable, round
     optimizers = getattr(keras.optimizers, "legacy", None) if graph else None
     inputs = keras.layers.Input((784,))
     model = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Dense(256, activation="relu")(inputs)))
-    sgd = getattr(optimizers, "SGD", None) or keras.optimizers.SGD  # graph mode trains with the legacy optimizers
+    sgd = (
+        getattr(optimizers, "SGD", None) or keras.optimizers.SGD
+    )  # graph mode trains with the legacy optimizers
     model.compile(sgd(learning_rate=0.1), keras.losses.CategoricalCrossentropy(from_logits=True))
     if graph:  # arrays would become a 62 MB constant that every one-shot iterator serializes again
         dataset = tf.data.Dataset.range(157).map(generated_batch)
     else:
         x, y = rng.randn(20000, 784).astype("float32"), np.eye(10, dtype="float32")[rng.randint(0, 10, 20000)]
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(128)
-    hand = graph_dataset_baseline(tf, keras.backend, model, dataset) if graph else eager_dataset_baseline(tf, model, dataset)
+    hand = (
+        graph_dataset_baseline(tf, keras.backend, model, dataset)
+        if graph
+        else eager_dataset_baseline(tf, model, dataset)
+    )
     compat = lambda: get_gradients(model, dataset, verbose=0)  # noqa: E731
     difference = max(float(np.max(np.abs(a - b))) for a, b in zip(compat(), hand()))
-    timings = interleaved({"compatgrad": compat, "hand-written": hand}, rounds, {"compatgrad": 3, "hand-written": 3})
+    timings = interleaved(
+        {"compatgrad": compat, "hand-written": hand}, rounds, {"compatgrad": 3, "hand-written": 3}
+    )
     timings["naive"] = timings["hand-written"]  # no naive recipe for datasets: the column reads 1
     return DATASET, timings, difference
 
@@ -227,21 +265,31 @@ def print_summary(mode: str, per_process: List[Dict[str, float]]) -> None:
     A process's figure moves between processes more than within one (memory layout, the machine's
     load): the median over fresh processes is what the target is checked on.
     """
-    print("\n== {} mode over {} processes: compat/hand, the median over processes (each process's figure)".format(mode, len(per_process)))
+    print(
+        f"\n== {mode} mode over {len(per_process)} processes: "
+        "compat/hand, the median over processes (each process's figure)"
+    )
     missed = []
     for name in per_process[0]:
         figures = [ratios[name] for ratios in per_process]
         median = float(np.median(figures))
         missed += [name] if median > TARGETS.get(name, 1.10) else []
-        print("{:<30} {:>6.3f} ({})".format(name, median, ", ".join("{:.3f}".format(f) for f in figures)))
-    print("target compatgrad / hand-written <= 1.10 (the dataset: 1.20): met on {} of {} workloads{}".format(
-        len(per_process[0]) - len(missed), len(per_process[0]), "; missed on " + ", ".join(missed) if missed else ""))
+        print("{:<30} {:>6.3f} ({})".format(name, median, ", ".join(f"{f:.3f}" for f in figures)))
+    print(
+        "target compatgrad / hand-written <= 1.10 (the dataset: 1.20): met on {} of {} workloads{}".format(
+            len(per_process[0]) - len(missed),
+            len(per_process[0]),
+            "; missed on " + ", ".join(missed) if missed else "",
+        )
+    )
 
 
 def build_workloads(keras: Any, graph: bool, rng: Any, layer_outputs: Callable) -> List[Workload]:
     layers = keras.layers
     optimizers = getattr(keras.optimizers, "legacy", None) if graph else None
-    sgd = getattr(optimizers, "SGD", None) or keras.optimizers.SGD  # graph mode trains with the legacy optimizers
+    sgd = (
+        getattr(optimizers, "SGD", None) or keras.optimizers.SGD
+    )  # graph mode trains with the legacy optimizers
 
     def compiled(inputs: Any, outputs: Any, loss: Any) -> Any:
         model = keras.Model(inputs, outputs)
@@ -264,12 +312,28 @@ def build_workloads(keras: Any, graph: bool, rng: Any, layer_outputs: Callable) 
     conv = compiled(inputs, layers.Dense(10)(hidden), crossentropy)
 
     inputs = layers.Input((20, 16))
-    lstm = compiled(inputs, layers.Dense(1)(layers.LSTM(32)(layers.LSTM(32, return_sequences=True)(inputs))), "mse")
+    lstm = compiled(
+        inputs, layers.Dense(1)(layers.LSTM(32)(layers.LSTM(32, return_sequences=True)(inputs))), "mse"
+    )
 
     return [
         Workload("MLP 784-256-10, batch 128", mlp, mlp_x, mlp_y, list(mlp.trainable_weights), False),
-        Workload("conv 32x32x3, batch 64", conv, rng.randn(64, 32, 32, 3).astype("float32"), one_hot(64, 10), list(conv.trainable_weights), False),
-        Workload("2-layer LSTM 20x16, batch 64", lstm, rng.randn(64, 20, 16).astype("float32"), rng.randn(64, 1).astype("float32"), list(lstm.trainable_weights), False),
+        Workload(
+            "conv 32x32x3, batch 64",
+            conv,
+            rng.randn(64, 32, 32, 3).astype("float32"),
+            one_hot(64, 10),
+            list(conv.trainable_weights),
+            False,
+        ),
+        Workload(
+            "2-layer LSTM 20x16, batch 64",
+            lstm,
+            rng.randn(64, 20, 16).astype("float32"),
+            rng.randn(64, 1).astype("float32"),
+            list(lstm.trainable_weights),
+            False,
+        ),
         Workload("MLP layer outputs, batch 128", mlp, mlp_x, mlp_y, layer_outputs(mlp, [1, 2]), True),
     ]
 
@@ -297,8 +361,10 @@ def eager_baselines(tf: Any, keras3: bool, workload: Workload) -> Tuple[Callable
         return tape.gradient(loss, activations if workload.outputs else params)
 
     compiled = tf.function(step)
-    return (lambda: [g.numpy() for g in compiled(workload.x, workload.y)],
-            lambda: [g.numpy() for g in step(workload.x, workload.y)])
+    return (
+        lambda: [g.numpy() for g in compiled(workload.x, workload.y)],
+        lambda: [g.numpy() for g in step(workload.x, workload.y)],
+    )
 
 
 def graph_baselines(K: Any, workload: Workload) -> Tuple[Callable, Callable]:
@@ -334,7 +400,11 @@ def interleaved(variants: Dict[str, Callable], rounds: int, calls: Dict[str, int
     for round_ in range(rounds):
         each: Dict[str, List[float]] = {name: [] for name in names}
         pair = names[:2]
-        turns = [(name, turn) for turn in range(calls[pair[0]]) for name in (pair if (round_ + turn) % 2 else pair[::-1])]
+        turns = [
+            (name, turn)
+            for turn in range(calls[pair[0]])
+            for name in (pair if (round_ + turn) % 2 else pair[::-1])
+        ]
         turns += [(name, turn) for name in names[2:] for turn in range(calls[name])]
         gc.collect()  # as timeit: no collection inside the timed calls
         gc.disable()
@@ -355,19 +425,29 @@ def spread(values: List[float]) -> Tuple[float, float]:
 
 
 def print_table(rows: list, limit: str, rounds: int, calls: int) -> None:
-    print("median ms per call (interquartile range), {} rounds x {} calls (naive graph: 1); hand-written = {}".format(rounds, calls, limit))
-    print("compat/hand: the median over rounds of the ratio within a round (its interquartile range over rounds)")
+    print(
+        f"median ms per call (interquartile range), {rounds} rounds x {calls} calls (naive graph: 1); "
+        f"hand-written = {limit}"
+    )
+    print(
+        "compat/hand: the median over rounds of the ratio within a round "
+        "(its interquartile range over rounds)"
+    )
     header = "{:<30} {:>16} {:>16} {:>16} {:>20} {:>13} {:>9}".format(
-        "workload", "compatgrad", "hand-written", "naive", "compat/hand", "naive/compat", "max diff")
+        "workload", "compatgrad", "hand-written", "naive", "compat/hand", "naive/compat", "max diff"
+    )
     print(header)
     print("-" * len(header))
     for name, timings, difference in rows:
         compat, hand, naive = (spread(timings[k]) for k in ("compatgrad", "hand-written", "naive"))
-        cells = ["{:.3f} ({:.3f})".format(m * 1e3, s * 1e3) for m, s in (compat, hand, naive)]
+        cells = [f"{m * 1e3:.3f} ({s * 1e3:.3f})" for m, s in (compat, hand, naive)]
         low, high = np.percentile(ratios(timings, "compatgrad", "hand-written"), [25, 75])
         ratio = "{:.3f} ({:.2f}-{:.2f})".format(paired(timings, "compatgrad", "hand-written"), low, high)
-        print("{:<30} {:>16} {:>16} {:>16} {:>20} {:>13.2f} {:>9.1e}".format(
-            name, *cells, ratio, paired(timings, "naive", "compatgrad"), difference))
+        print(
+            "{:<30} {:>16} {:>16} {:>16} {:>20} {:>13.2f} {:>9.1e}".format(
+                name, *cells, ratio, paired(timings, "naive", "compatgrad"), difference
+            )
+        )
 
 
 def ratios(timings: Dict[str, List[float]], numerator: str, denominator: str) -> List[float]:
@@ -393,8 +473,10 @@ def graph_growth(get_gradients: Callable, naive: Callable, workload: Workload, c
             for _ in range(min(window, count - start)):
                 call()
             rates.append(min(window, count - start) / (time.perf_counter() - began))
-        print("{} over {} graph calls (MLP): ops added {}, calls/s over the first {} {:.1f}, over the last {} {:.1f}".format(
-            label, count, len(graph.get_operations()) - ops, window, rates[0], window, rates[-1]))
+        print(
+            f"{label} over {count} graph calls (MLP): ops added {len(graph.get_operations()) - ops}, "
+            f"calls/s over the first {window} {rates[0]:.1f}, over the last {window} {rates[-1]:.1f}"
+        )
 
 
 def traces(tf: Any, get_gradients: Callable, model: Any, rng: Any) -> None:
@@ -410,24 +492,34 @@ def traces(tf: Any, get_gradients: Callable, model: Any, rng: Any) -> None:
         get_gradients(model, x, np.eye(10, dtype="float32")[rng.randint(0, 10, size=size)], verbose=0)
         hand(x)
     steps = [function for function in _cache.built(model) if hasattr(function, "get_concrete_function")]
-    print("traces over batch sizes {}: compatgrad {} (target <= 2), a default tf.function {}".format(
-        ", ".join(map(str, sizes)), max(count(f) for f in steps), count(hand)))
+    print(
+        "traces over batch sizes {}: compatgrad {} (target <= 2), a default tf.function {}".format(
+            ", ".join(map(str, sizes)), max(count(f) for f in steps), count(hand)
+        )
+    )
 
 
 def import_time(repeats: int = 5) -> int:
     """Fresh processes: import tensorflow, then time import compatgrad and list what it imported."""
     probe = (
-        "import sys, time, tensorflow; before = set(sys.modules); start = time.perf_counter(); import compatgrad; "
-        "print(time.perf_counter() - start); print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))"
+        "import sys, time, tensorflow; before = set(sys.modules); start = time.perf_counter(); "
+        "import compatgrad; print(time.perf_counter() - start); "
+        "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))"
     )
     seconds, added = [], set()
     for _ in range(repeats):
-        out = subprocess.run([sys.executable, "-c", probe], stdout=subprocess.PIPE, check=True, universal_newlines=True).stdout.split("\n")
+        out = subprocess.run(
+            [sys.executable, "-c", probe], stdout=subprocess.PIPE, check=True, text=True
+        ).stdout.split("\n")
         seconds.append(float(out[0]))
         added |= set(out[1].split())
     optional = sorted(added & set(OPTIONAL))
-    print("\n== import: compatgrad adds {:.1f} ms to import tensorflow (median of {}; target < 50 ms); "
-          "optional dependencies imported: {}".format(float(np.median(seconds)) * 1e3, repeats, ", ".join(optional) or "none"))
+    print(
+        "\n== import: compatgrad adds {:.1f} ms to import tensorflow (median of {}; target < 50 ms); "
+        "optional dependencies imported: {}".format(
+            float(np.median(seconds)) * 1e3, repeats, ", ".join(optional) or "none"
+        )
+    )
     return 1 if optional else 0
 
 

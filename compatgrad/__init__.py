@@ -5,15 +5,24 @@
 
 Importing compatgrad imports no framework; TensorFlow / Keras are imported when a model is used.
 """
+
 from . import errors
 from .api import GradientInfo, get_gradients
 from .apply import apply_gradients
 from .arrays import SparseGradient
 from .masks import freeze, mask_gradients, unfreeze
-from .targets import layer_outputs
+from .sources import layer_outputs
 
 __version__ = "0.1.0"
 __all__ = [
-    "get_gradients", "GradientInfo", "layer_outputs", "SparseGradient",
-    "apply_gradients", "mask_gradients", "freeze", "unfreeze", "errors", "__version__",
+    "get_gradients",
+    "GradientInfo",
+    "layer_outputs",
+    "SparseGradient",
+    "apply_gradients",
+    "mask_gradients",
+    "freeze",
+    "unfreeze",
+    "errors",
+    "__version__",
 ]

@@ -1,12 +1,17 @@
 """Per-model caches of built gradient functions, dropped with the model and rebuilt on recompile."""
+
 import operator
 import weakref
-from typing import Any, Callable, Dict, Hashable, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
-_MODELS: "weakref.WeakKeyDictionary[Any, Dict[Hashable, Tuple[Tuple[Any, ...], Any]]]" = weakref.WeakKeyDictionary()
+from ._types import Model
+
+_MODELS: "weakref.WeakKeyDictionary[Any, Dict[Hashable, Tuple[Tuple[Any, ...], Any]]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def cached(model: Any, key: Hashable, state: Sequence[Any], build: Callable[[], Any]) -> Any:
+def cached(model: Model, key: Hashable, state: Sequence[Any], build: Callable[[], Any]) -> Any:
     """``build()`` once per (model, key); again when any object in ``state`` is replaced (a recompile).
 
     Built functions must hold the model only weakly, or the model would never be freed.
@@ -21,6 +26,6 @@ def cached(model: Any, key: Hashable, state: Sequence[Any], build: Callable[[], 
     return entry[1]
 
 
-def built(model: Any) -> list:
+def built(model: Model) -> List[Any]:
     """What has been built for ``model`` (for the trace and op counts of tests and benchmarks)."""
     return [entry[1] for entry in _MODELS.get(model, {}).values()]

@@ -1,15 +1,15 @@
 """The one table of where Keras internals live.
 
-Paths are relative to the package root that defines the model's class (see ``detect``):
-``tensorflow.python.keras`` (TF 1.x-2.5), ``keras`` (standalone Keras 2.2/2.3 and tf.keras 2.6-2.12),
-``keras.src`` (tf.keras 2.13-2.15 and Keras 3), ``tf_keras.src`` / ``tf_keras`` (tf_keras >= 2.16).
-Candidates are tried in order; the first that imports wins.
+Paths are relative to the package root that defines the model's class (see ``detect``; the roots of
+each version: ``versions.KERAS_ROOTS``). Candidates are tried in order; the first that imports wins.
 """
+
 import functools
 import importlib
-import inspect
 from types import ModuleType
 from typing import Any, Callable, Dict, Tuple
+
+from . import versions
 
 MODULES: Dict[str, Tuple[str, ...]] = {
     "backend": ("backend",),
@@ -17,7 +17,7 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "data_adapter": ("engine.data_adapter",),
     # Keras 3: class_weight_to_sample_weights, as train_on_batch uses it.
     "data_adapter_utils": ("trainers.data_adapters.data_adapter_utils",),
-    # Keras 3: scale_loss_for_distribution (3.8+): each replica's loss divided by the replica count.
+    # Keras 3: scale_loss_for_distribution (versions.divides_loss_by_replicas).
     "losses": ("losses.loss",),
     # Progbar for whole-dataset gradients.
     "progbar": ("utils.progbar", "utils.generic_utils"),
@@ -40,15 +40,12 @@ def relaxed_function(fn: Callable, arity: int) -> Callable:
     sample_weight)``, a custom step's ``(x,)``), that stops retracing when only the batch size
     changes, as Keras' train function.
 
-    ``reduce_retracing`` (TF >= 2.9) generalizes on the first new batch size; its predecessor
-    ``experimental_relax_shapes`` on the second, so one trace more there. One arity a function:
+    ``versions.relax_shapes_keyword``: TF 2.9+ generalizes on the first new batch size, before on
+    the second, so one trace more there. One arity a function:
     binding a defaulted ``sample_weight=None`` costs tf.function 50-80 us a call (TF 2.15, 2.21),
     and calls of two arities break reduce_retracing (TF 2.15 fails to generalize across them).
     """
     import tensorflow as tf
-
-    parameters = inspect.signature(tf.function).parameters
-    keyword = "reduce_retracing" if "reduce_retracing" in parameters else "experimental_relax_shapes"
 
     def one(x: Any) -> Any:
         return fn(x)
@@ -59,4 +56,4 @@ def relaxed_function(fn: Callable, arity: int) -> Callable:
     def three(x: Any, y: Any, sample_weight: Any) -> Any:
         return fn(x, y, sample_weight)
 
-    return tf.function((one, two, three)[arity - 1], **{keyword: True})
+    return tf.function((one, two, three)[arity - 1], **{versions.relax_shapes_keyword(): True})

@@ -1,9 +1,11 @@
 """The front door: validate the arguments, let ``backends`` pick the engine from the model itself, run it."""
+
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from . import data, inputs, targets
+from . import arguments, data, sources
+from ._types import Model
 from .arrays import SparseGradient, numpy_dtype, static_shape
 from .backends import Request, engine_for
 from .detect import Flavour, flavour_of
@@ -20,7 +22,7 @@ class GradientInfo(NamedTuple):
 
 
 def get_gradients(
-    model: Any,
+    model: Model,
     x: Any,
     y: Any = None,
     params: Optional[Sequence[Any]] = None,
@@ -58,15 +60,15 @@ def get_gradients(
     with a progress bar unless ``verbose=0``. See ``compatgrad.data`` for how batches add up.
     """
     flavour = flavour_of(model)
-    inputs.check_compiled(model, flavour.custom_step, losses_listed=flavour.name != "keras3")
-    training = inputs.check_learning_phase(learning_phase)
-    unconnected = inputs.check_unconnected(unconnected)
+    arguments.check_compiled(model, flavour.custom_step, losses_listed=flavour.name != "keras3")
+    training = arguments.check_learning_phase(learning_phase)
+    unconnected = arguments.check_unconnected(unconnected)
     engine = engine_for(model, flavour)
     dataset = data.is_dataset(x)
     batch = None
     if not dataset:
         data.check_not_dataset_arguments(steps)
-        batch = data.distributed_batch(x, y, sample_weight) or inputs.check_batch(
+        batch = data.distributed_batch(x, y, sample_weight) or arguments.check_batch(
             model,
             x,
             y,
@@ -82,7 +84,7 @@ def get_gradients(
                 "a model not built yet",
             )
         engine.build(model, flavour, batch)  # as train_on_batch builds it from its first batch
-    wanted = targets.resolve(model, params)
+    wanted = sources.resolve(model, params)
     request = Request(
         wanted.variables,
         wanted.tensors,
@@ -124,9 +126,9 @@ def get_gradients(
 
 
 def _raise_unconnected(
-    model: Any,
+    model: Model,
     flavour: Flavour,
-    wanted: targets.Targets,
+    wanted: sources.Sources,
     found: List[Any],
     missing: List[str],
 ) -> None:
@@ -138,19 +140,32 @@ def _raise_unconnected(
             "variables the model's train_step applies a gradient to (or unconnected='zero')",
             "no gradient applied to {}".format(", ".join(missing)),
         )
-    inputs_ = {id(t) for t in getattr(model, "inputs", None) or []}
-    tensors = {id(t) for t in wanted.tensors if id(t) not in inputs_}
+    model_inputs = {id(t) for t in getattr(model, "inputs", None) or []}
+    tensors = {id(t) for t in wanted.tensors if id(t) not in model_inputs}
     hint = any(g is None and id(p) in tensors for p, g in zip(wanted.params, found))
-    raise UnconnectedGradientError("params", "params the loss depends on (or unconnected='zero')", "no gradient for {}{}".format(
-        ", ".join(missing), " (Keras computes a crossentropy from the logits under a softmax or sigmoid output, "
-        "so that output has none; ask for the logits)" if hint else ""))
+    raise UnconnectedGradientError(
+        "params",
+        "params the loss depends on (or unconnected='zero')",
+        "no gradient for {}{}".format(
+            ", ".join(missing),
+            " (Keras computes a crossentropy from the logits under a softmax or sigmoid output, "
+            "so that output has none; ask for the logits)"
+            if hint
+            else "",
+        ),
+    )
 
 
-def _zeros_like(param: Any, batch_size: int) -> np.ndarray:
+def _zeros_like(param: Any, batch_size: Optional[int]) -> np.ndarray:
     """Zeros for an unconnected variable, or for an unconnected tensor of this batch."""
     shape = list(static_shape(param))
     if shape and shape[0] is None:  # a graph tensor: the batch comes first
         shape[0] = batch_size
-    if any(d is None for d in shape):
-        raise UnconnectedGradientError("params", "a tensor of known shape to fill with zeros", "{} of shape {}".format(inputs.name_of(param), tuple(param.shape)))
-    return np.zeros(shape, dtype=numpy_dtype(param))
+    sizes = [d for d in shape if d is not None]
+    if len(sizes) < len(shape):
+        raise UnconnectedGradientError(
+            "params",
+            "a tensor of known shape to fill with zeros",
+            f"{arguments.name_of(param)} of shape {tuple(param.shape)}",
+        )
+    return np.zeros(sizes, dtype=numpy_dtype(param))

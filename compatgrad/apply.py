@@ -1,23 +1,27 @@
-"""``apply_gradients``: validate gradients against the variables, then apply them with any flavour's optimizer."""
-import re
+"""``apply_gradients``: gradients validated against the variables, then applied by any flavour's optimizer."""
+
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from . import _paths
+from . import _paths, versions
 from ._cache import cached
+from ._types import Variable
+from .arguments import name_of
 from .arrays import SparseGradient, numpy_dtype, static_shape
 from .errors import InvalidArgumentError, InvalidTypeError
-from .inputs import name_of
 from .masks import _sequence, mask_gradients
 
-# The package root of an optimizer's Keras, from its class's module: "keras.optimizers" (standalone),
-# "<root>.optimizer_v2.<name>", "<root>.optimizers[.legacy|.optimizer_v2].<name>" (tf.keras, tf_keras, Keras 3).
-_OPTIMIZER_MODULE = re.compile(r"^(?P<root>.+?)\.optimizers?(_v2)?(\.|$)")
 
-
-def apply_gradients(optimizer: Any, grads: Sequence[Any], variables: Sequence[Any], masks: Optional[Sequence[Any]] = None, missing: str = "raise") -> None:
-    """One optimizer update of ``variables`` by ``grads`` (as ``get_gradients`` returns them), after checking they pair up.
+def apply_gradients(
+    optimizer: Any,
+    grads: Sequence[Any],
+    variables: Sequence[Any],
+    masks: Optional[Sequence[Any]] = None,
+    missing: str = "raise",
+) -> None:
+    """One optimizer update of ``variables`` by ``grads`` (as ``get_gradients`` returns them), after
+    checking they pair up.
 
     Raises before touching anything if the counts differ, a shape does not match its variable, or a
     gradient is None (``missing="zero"`` applies zeros instead). ``masks`` are applied first, as
@@ -31,16 +35,24 @@ def apply_gradients(optimizer: Any, grads: Sequence[Any], variables: Sequence[An
     if missing not in ("raise", "zero"):
         raise InvalidArgumentError("missing", "'raise' or 'zero'", repr(missing))
     if len(grads) != len(variables):
-        raise InvalidArgumentError("grads", "{} gradients, one per variable".format(len(variables)), "{} gradients".format(len(grads)))
-    checked = [_check(index, grad, variable, missing) for index, (grad, variable) in enumerate(zip(grads, variables))]
+        raise InvalidArgumentError(
+            "grads",
+            f"{len(variables)} gradients, one per variable",
+            f"{len(grads)} gradients",
+        )
+    checked = [
+        _check(index, grad, variable, missing) for index, (grad, variable) in enumerate(zip(grads, variables))
+    ]
     if masks is not None:
         checked = mask_gradients(checked, masks)
 
     import tensorflow as tf
 
     if not tf.executing_eagerly():
-        _apply_in_session(optimizer, [g.dense() if isinstance(g, SparseGradient) else g for g in checked], variables)
-    elif hasattr(optimizer, "scale_loss") and hasattr(optimizer, "apply"):  # Keras 3
+        _apply_in_session(
+            optimizer, [g.dense() if isinstance(g, SparseGradient) else g for g in checked], variables
+        )
+    elif versions.has_keras3_apply(optimizer):
         from .backends._steps import Keras3Steps
 
         if not optimizer.built:
@@ -50,42 +62,50 @@ def apply_gradients(optimizer: Any, grads: Sequence[Any], variables: Sequence[An
             tensors = [g * tf.cast(scale, g.dtype) for g in tensors]
         optimizer.apply(tensors, variables)
     else:
-        optimizer.apply_gradients(list(zip([_tensor(tf, g, v) for g, v in zip(checked, variables)], variables)))
+        optimizer.apply_gradients(
+            list(zip([_tensor(tf, g, v) for g, v in zip(checked, variables)], variables))
+        )
 
 
-def _check(index: int, grad: Any, variable: Any, missing: str) -> Any:
+def _check(index: int, grad: Any, variable: Variable, missing: str) -> Any:
     expected = static_shape(variable)
-    argument = "grads[{}] (for {})".format(index, name_of(variable))
+    argument = f"grads[{index}] (for {name_of(variable)})"
     if grad is None:
         if missing == "raise":
-            raise InvalidArgumentError(argument, "a gradient of shape {} (or missing='zero')".format(expected), "None")
+            raise InvalidArgumentError(
+                argument, f"a gradient of shape {expected} (or missing='zero')", "None"
+            )
         return np.zeros(expected, dtype=numpy_dtype(variable))
     if isinstance(grad, SparseGradient):
         shape = tuple(grad.dense_shape)
     elif hasattr(grad, "shape"):
         shape = tuple(np.shape(grad))
     else:
-        raise InvalidTypeError(argument, "an array of shape {}".format(expected), type(grad).__name__)
+        raise InvalidTypeError(argument, f"an array of shape {expected}", type(grad).__name__)
     if shape != expected:
-        raise InvalidArgumentError(argument, "shape {}".format(expected), "shape {}".format(shape))
+        raise InvalidArgumentError(argument, f"shape {expected}", f"shape {shape}")
     return grad
 
 
-def _tensor(tf: Any, grad: Any, variable: Any) -> Any:
+def _tensor(tf: Any, grad: Any, variable: Variable) -> Any:
     dtype = numpy_dtype(variable)
     if isinstance(grad, SparseGradient):
-        return tf.IndexedSlices(tf.constant(grad.values, dtype=dtype), tf.constant(grad.indices), tf.constant(grad.dense_shape, dtype="int64"))
+        return tf.IndexedSlices(
+            tf.constant(grad.values, dtype=dtype),
+            tf.constant(grad.indices),
+            tf.constant(grad.dense_shape, dtype="int64"),
+        )
     return tf.convert_to_tensor(np.asarray(grad, dtype=dtype))
 
 
-def _apply_in_session(optimizer: Any, grads: List[np.ndarray], variables: List[Any]) -> None:
+def _apply_in_session(optimizer: Any, grads: List[np.ndarray], variables: List[Variable]) -> None:
     key = ("apply", tuple(id(v) for v in variables))
     state = tuple(getattr(v, "constraint", None) for v in variables)
     update = cached(optimizer, key, state, lambda: _build_update(optimizer, variables))
     update([np.asarray(g, dtype=numpy_dtype(v)) for g, v in zip(grads, variables)])
 
 
-def _build_update(optimizer: Any, variables: List[Any]) -> Any:
+def _build_update(optimizer: Any, variables: List[Variable]) -> Any:
     """A K.function running ``optimizer.get_updates`` on a loss whose gradient is exactly the fed gradients.
 
     ``get_updates(loss, params)`` is the one update method every graph-mode optimizer has (standalone
@@ -97,12 +117,15 @@ def _build_update(optimizer: Any, variables: List[Any]) -> Any:
     with variables[0].graph.as_default():
         feeds = [tf.compat.v1.placeholder(v.dtype.base_dtype, shape=v.shape) for v in variables]
         loss = tf.add_n([tf.reduce_sum(g * v) for g, v in zip(feeds, variables)])
-        return K.function(feeds, [loss], updates=optimizer.get_updates(loss=loss, params=variables))  # K.function needs an output
+        return K.function(
+            feeds, [loss], updates=optimizer.get_updates(loss=loss, params=variables)
+        )  # K.function needs an output
 
 
 def _optimizer_root(optimizer: Any) -> str:
+    """The Keras package root of the optimizer's class, or of the first of its bases that has one."""
     for cls in type(optimizer).__mro__:
-        match = _OPTIMIZER_MODULE.match(getattr(cls, "__module__", "") or "")
-        if match:
-            return match.group("root")
+        root = versions.keras_root(getattr(cls, "__module__", "") or "")
+        if root is not None:
+            return root
     raise InvalidTypeError("optimizer", "a Keras optimizer", type(optimizer).__name__)

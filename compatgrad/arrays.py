@@ -1,7 +1,10 @@
 """Gradients as numpy arrays: dense by default, or kept sparse for embedding-like variables."""
+
 from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
+
+from . import versions
 
 
 class SparseGradient(NamedTuple):
@@ -31,7 +34,12 @@ class SparseGradient(NamedTuple):
 def is_sparse(gradient: Any) -> bool:
     """A ``tf.IndexedSlices`` (or its graph-mode value), told by its parts, not by importing TensorFlow."""
     kind = type(gradient)  # not the instance: a missing attribute of an eager tensor costs an exception
-    return hasattr(kind, "indices") and hasattr(kind, "dense_shape") and hasattr(kind, "values") and kind is not SparseGradient
+    return (
+        hasattr(kind, "indices")
+        and hasattr(kind, "dense_shape")
+        and hasattr(kind, "values")
+        and kind is not SparseGradient
+    )
 
 
 def to_numpy(gradient: Any) -> Any:
@@ -48,11 +56,10 @@ def to_numpy(gradient: Any) -> Any:
 
 
 def static_shape(value: Any) -> Tuple[Optional[int], ...]:
-    """A variable's or tensor's shape as ints, None where unknown (TF 1.x shapes hold Dimension objects)."""
-    shape = value.shape
-    return tuple(shape.as_list()) if hasattr(shape, "as_list") else tuple(shape)
+    """A variable's or tensor's shape as ints, None where unknown."""
+    return versions.shape_tuple(value.shape)
 
 
 def numpy_dtype(value: Any) -> np.dtype:
-    """The numpy dtype of a variable or tensor (a tf.DType, or Keras 3's dtype string)."""
-    return np.dtype(getattr(value.dtype, "as_numpy_dtype", value.dtype))
+    """The numpy dtype of a variable or tensor."""
+    return np.dtype(versions.numpy_dtype_of(value.dtype))

@@ -4,17 +4,19 @@ A batch's loss averages over its examples (Keras' default reduction), so the los
 concatenated data weighs each batch by its size: sum_b n_b * g_b / sum_b n_b, regularization
 losses included once. A loss reduced with SUM adds up over batches instead: sum_b g_b.
 """
+
 import sys
-from typing import Any, Iterator, List, NamedTuple, Optional, cast
+from typing import Any, Iterator, List, NamedTuple, Optional, Tuple, cast
 
 import numpy as np
 
-from . import _paths
+from . import _paths, versions
+from ._types import Model
+from .arguments import Batch, check_batch
 from .arrays import numpy_dtype
 from .backends import EagerEngine, Engine, Request, Result
 from .detect import Flavour
 from .errors import InvalidArgumentError
-from .inputs import Batch, check_batch
 
 
 class Sums(NamedTuple):
@@ -32,15 +34,15 @@ def is_dataset(x: Any) -> bool:
     if isinstance(x, (np.ndarray, list, tuple, dict)):  # a batch, told first: the common call
         return False
     tf = sys.modules.get("tensorflow")
-    if (tf is not None and isinstance(x, tf.data.Dataset)) or _is_distributed_dataset(x):
+    if (tf is not None and isinstance(x, tf.data.Dataset)) or versions.is_distributed_dataset(x):
         return True
     if hasattr(x, "__next__") and hasattr(x, "__iter__"):  # generators and other iterators
         return True
-    return _is_keras_sequence(x)
+    return versions.is_keras_sequence(x)
 
 
 def over_dataset(
-    model: Any,
+    model: Model,
     flavour: Flavour,
     engine: Engine,
     request: Request,
@@ -80,11 +82,14 @@ def over_dataset(
     if sums.examples == 0:
         raise InvalidArgumentError("x", "a dataset with at least one batch", "an empty one")
     divisor = 1.0 if summed else float(sums.examples)
-    grads = [None if s is None else (s / divisor).astype(numpy_dtype(v)) for s, v in zip(sums.grads, request.variables)]
+    grads = [
+        None if s is None else (s / divisor).astype(numpy_dtype(v))
+        for s, v in zip(sums.grads, request.variables)
+    ]
     return Result(grads, sums.loss / divisor, sums.loss_scale)
 
 
-def _stays_in_graph(model: Any, flavour: Flavour, request: Request, dataset: Any) -> bool:
+def _stays_in_graph(model: Model, flavour: Flavour, request: Request, dataset: Any) -> bool:
     """Whether the in-graph loop can run it: a plain tf.data.Dataset, eagerly, through a compiled
     step that neither a strategy splits nor class weights reweigh (those go batch by batch)."""
     tf = sys.modules.get("tensorflow")
@@ -97,7 +102,7 @@ def _stays_in_graph(model: Any, flavour: Flavour, request: Request, dataset: Any
 
 
 def _batch_by_batch(
-    model: Any,
+    model: Model,
     flavour: Flavour,
     engine: Engine,
     request: Request,
@@ -110,8 +115,11 @@ def _batch_by_batch(
     totals: List[Any] = [None] * len(request.variables)
     examples, loss, loss_scale, count = 0, 0.0, 1.0, 0
     for count, (x, y, sample_weight) in enumerate(_batches(model, flavour.root, dataset, steps), 1):
-        batch = distributed_batch(x, y, sample_weight) or check_batch(model, x, y, sample_weight, custom_step=False)
+        batch = distributed_batch(x, y, sample_weight) or check_batch(
+            model, x, y, sample_weight, custom_step=False
+        )
         result = engine.gradients(model, flavour, request, batch)
+        assert batch.size is not None  # known for arrays and eager tensors; None only in an element_spec
         weight = 1.0 if summed else float(batch.size)
         for i, g in enumerate(result.grads):
             if g is not None:
@@ -125,14 +133,14 @@ def _batch_by_batch(
     return Sums(totals, loss, examples, count, loss_scale)
 
 
-def _batches(model: Any, root: str, dataset: Any, steps: Optional[int]) -> Iterator[tuple]:
+def _batches(model: Model, root: str, dataset: Any, steps: Optional[int]) -> Iterator[tuple]:
     for index, element in enumerate(_elements(model, root, dataset)):
         if steps is not None and index >= steps:
             return
         yield _unpack(element)
 
 
-def _elements(model: Any, root: str, dataset: Any) -> Iterator[Any]:
+def _elements(model: Model, root: str, dataset: Any) -> Iterator[Any]:
     tf = sys.modules.get("tensorflow")
     if tf is not None and isinstance(dataset, tf.data.Dataset) and not tf.executing_eagerly():
         # Graph mode: one iterator op per pass, its batches fetched in the model's session.
@@ -143,21 +151,24 @@ def _elements(model: Any, root: str, dataset: Any) -> Iterator[Any]:
                 yield session.run(next_element)
             except tf.errors.OutOfRangeError:
                 return
-    elif _is_keras_sequence(dataset):
+    elif versions.is_keras_sequence(dataset):
         for index in range(len(dataset)):
             yield dataset[index]
     else:
         yield from dataset
 
 
-def _unpack(element: Any) -> tuple:
+def _unpack(element: Any) -> Tuple[Any, Any, Any]:
     if not isinstance(element, (tuple, list)) or len(element) not in (2, 3):
-        raise InvalidArgumentError("x", "a dataset yielding (x, y) or (x, y, sample_weight)", type(element).__name__)
+        raise InvalidArgumentError(
+            "x", "a dataset yielding (x, y) or (x, y, sample_weight)", type(element).__name__
+        )
     return (tuple(element) + (None,))[:3]
 
 
 def distributed_batch(x: Any, y: Any, sample_weight: Any) -> Optional[Batch]:
-    """A batch of a distributed dataset as it is, sized by this worker's parts together; None for any other batch."""
+    """A batch of a distributed dataset as it is, sized by this worker's parts together; None for any
+    other batch."""
     if isinstance(x, np.ndarray):  # the common call, told first
         return None
     leaf = x
@@ -169,56 +180,74 @@ def distributed_batch(x: Any, y: Any, sample_weight: Any) -> Optional[Batch]:
 
 
 def is_distributed(value: Any) -> bool:
-    """Values with one part per replica (``tf.distribute.DistributedValues``), told without importing TensorFlow."""
+    """Values with one part per replica (``tf.distribute.DistributedValues``), told without importing
+    TensorFlow."""
     tf = sys.modules.get("tensorflow")
-    return tf is not None and isinstance(value, getattr(tf.distribute, "DistributedValues", ()))
+    return tf is not None and isinstance(value, versions.distributed_values_class(tf))
 
 
 def _length(dataset: Any) -> Optional[int]:
     """Batches in the dataset if known; -1 for an infinite tf.data.Dataset."""
-    if _is_keras_sequence(dataset):
+    if versions.is_keras_sequence(dataset):
         return len(dataset)
     tf = sys.modules.get("tensorflow")
     if tf is not None and isinstance(dataset, tf.data.Dataset) and tf.executing_eagerly():
         cardinality = int(tf.data.experimental.cardinality(dataset))
-        return -1 if cardinality == int(tf.data.experimental.INFINITE_CARDINALITY) else cardinality if cardinality >= 0 else None
+        return (
+            -1
+            if cardinality == int(tf.data.experimental.INFINITE_CARDINALITY)
+            else cardinality
+            if cardinality >= 0
+            else None
+        )
     return None
 
 
-def _sum_reduced(model: Any) -> bool:
+def _sum_reduced(model: Model) -> bool:
     """Whether the compiled losses are reduced with SUM (all of them; a mix cannot be summed over batches)."""
     losses = getattr(model, "loss", None)
-    leaves = list(losses.values()) if isinstance(losses, dict) else list(losses) if isinstance(losses, (list, tuple)) else [losses]
+    leaves = (
+        list(losses.values())
+        if isinstance(losses, dict)
+        else list(losses)
+        if isinstance(losses, (list, tuple))
+        else [losses]
+    )
     sums = [getattr(loss, "reduction", None) == "sum" for loss in leaves if loss is not None]
     if any(sums) and not all(sums):
-        raise InvalidArgumentError("model", "losses all averaged over the batch or all summed, to add up over batches", "a mix")
+        raise InvalidArgumentError(
+            "model", "losses all averaged over the batch or all summed, to add up over batches", "a mix"
+        )
     if any(sums) and model.losses:
-        raise InvalidArgumentError("model", "no regularization losses next to a SUM-reduced loss over a dataset (they would count once per batch)",
-                                   "{} regularization losses".format(len(model.losses)))
+        raise InvalidArgumentError(
+            "model",
+            "no regularization losses next to a SUM-reduced loss over a dataset "
+            "(they would count once per batch)",
+            f"{len(model.losses)} regularization losses",
+        )
     return bool(sums) and all(sums)
 
 
 def check_dataset_arguments(y: Any, sample_weight: Any, sparse: bool, tensors: List[Any]) -> None:
     for name, value in (("y", y), ("sample_weight", sample_weight)):
         if value is not None:
-            raise InvalidArgumentError(name, "None when x is a dataset (it yields (x, y) or (x, y, sample_weight))", type(value).__name__)
+            raise InvalidArgumentError(
+                name,
+                "None when x is a dataset (it yields (x, y) or (x, y, sample_weight))",
+                type(value).__name__,
+            )
     if sparse:
-        raise InvalidArgumentError("sparse", "False with a dataset (the sum over batches is kept dense)", True)
+        raise InvalidArgumentError(
+            "sparse", "False with a dataset (the sum over batches is kept dense)", True
+        )
     if tensors:
-        raise InvalidArgumentError("params", "variables only with a dataset (a layer output or input has one row per example)",
-                                   "{} graph tensors".format(len(tensors)))
+        raise InvalidArgumentError(
+            "params",
+            "variables only with a dataset (a layer output or input has one row per example)",
+            f"{len(tensors)} graph tensors",
+        )
 
 
 def check_not_dataset_arguments(steps: Optional[int]) -> None:
     if steps is not None:
         raise InvalidArgumentError("steps", "None unless x is a dataset, generator or Sequence", repr(steps))
-
-
-def _is_keras_sequence(x: Any) -> bool:
-    return any(cls.__name__ in ("Sequence", "PyDataset") and "keras" in (cls.__module__ or "") for cls in type(x).__mro__)
-
-
-def _is_distributed_dataset(x: Any) -> bool:
-    """``strategy.experimental_distribute_dataset``'s result (public as tf.distribute.DistributedDataset from TF 2.4)."""
-    return any(cls.__name__.startswith("DistributedDataset") for cls in type(x).__mro__)
-

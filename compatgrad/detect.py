@@ -1,9 +1,11 @@
 """Which Keras flavour a model is, told by its class's module and attributes, never by version strings."""
+
 import re
 import sys
 import weakref
-from typing import NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
+from . import versions
 from .errors import UnsupportedModelError
 
 # Module of the Keras 2 engine's Model class: <root>.engine.training or <root>.engine.training_v1.
@@ -44,17 +46,18 @@ def _flavour_of_class(model_cls: type) -> Flavour:
             return _keras2_flavour(model_cls, match.group("root"), bool(match.group("v1")))
     raise UnsupportedModelError(
         "model: expected a compiled Keras model (tf.keras, tf_keras, Keras 3 or standalone Keras 2), "
-        "got {}.{}".format(model_cls.__module__, model_cls.__name__)
+        f"got {model_cls.__module__}.{model_cls.__name__}"
     )
 
 
 def model_class(model: object) -> type:
-    """The ``Model`` class of the model's Keras: calling it with inputs and outputs builds a functional model."""
+    """The ``Model`` class of the model's Keras: called with inputs and outputs, it builds a functional
+    model."""
     for cls in type(model).__mro__:
         module = getattr(cls, "__module__", "") or ""
         if cls.__name__ == "Model" and (_KERAS3.match(module) or _KERAS2.match(module)):
             return cls
-    raise UnsupportedModelError("model: no Keras Model class among the bases of {}".format(type(model).__name__))
+    raise UnsupportedModelError(f"model: no Keras Model class among the bases of {type(model).__name__}")
 
 
 def _keras2_flavour(model_cls: type, root: str, v1: bool) -> Flavour:
@@ -67,8 +70,8 @@ def _keras2_flavour(model_cls: type, root: str, v1: bool) -> Flavour:
         name = "tf_keras"
     else:
         name = "tf.keras"
-    # Before TF 2.2 the Model class has no train_step: only its graph engine can be matched.
-    graph = v1 or standalone or not hasattr(model_cls, "train_step")
+    # Without train_step (TF 1.x-2.1) only the graph engine can be matched.
+    graph = v1 or standalone or not versions.has_train_step(model_cls)
     return Flavour(name, root, graph, custom_step=not graph and _overrides_train_step(model_cls, root))
 
 
@@ -84,3 +87,26 @@ def keras3_backend(root: str) -> Optional[str]:
     config = getattr(package, "config", None)
     backend = getattr(config, "backend", None)
     return backend() if callable(backend) else None
+
+
+def installed_flavours() -> Dict[str, Any]:
+    """The Keras flavours importable here: the name ``flavour_of`` gives their models -> their Keras module.
+
+    It imports TensorFlow and every Keras it finds, so only the command line calls it: the library tells
+    a model's flavour from its class and never imports a framework itself.
+    """
+    import importlib
+
+    import tensorflow as tf
+
+    found: Dict[str, Any] = {}
+    for name in ("tf.keras", "tf_keras", "keras"):
+        try:
+            keras = tf.keras if name == "tf.keras" else importlib.import_module(name)
+            model_cls = keras.Model
+        except Exception:  # absent, or an install that does not fit this TF: it raises anything
+            continue
+        if any(known.Model is model_cls for known in found.values()):
+            continue  # keras 2.6-2.15 and Keras 3 on TF >= 2.16 are tf.keras itself
+        found["keras3" if _KERAS3.match(model_cls.__module__) else name] = keras
+    return found

@@ -3,6 +3,7 @@
 Every error subclasses ``CompatgradError`` and one of ``ValueError`` / ``TypeError``, so
 callers can catch either the compatgrad family or the builtin they already handle.
 """
+
 from typing import Any
 
 
@@ -17,7 +18,7 @@ class _ArgumentError(CompatgradError):
         self.argument = argument
         self.expected = expected
         self.got = got
-        super().__init__("{}: expected {}, got {}".format(argument, expected, got))
+        super().__init__(f"{argument}: expected {expected}, got {got}")
 
 
 class InvalidArgumentError(_ArgumentError, ValueError):

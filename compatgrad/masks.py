@@ -2,17 +2,20 @@
 
 A zero gradient does not freeze an entry: momentum, Adam's moments and decoupled weight decay
 (AdamW) still move it. ``freeze`` instead wraps the variable's constraint, which every Keras
-optimizer applies after its update (OptimizerV2, the 2.11+ optimizers, Keras 3, standalone
-Keras 2.2/2.3): the frozen entries are put back to their saved values, bit for bit.
+optimizer applies after its update (OptimizerV2, optimizer.Optimizer, Keras 3, standalone
+Keras 2.2-2.3): the frozen entries are put back to their saved values, bit for bit.
 """
+
 import sys
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
+from . import versions
+from ._types import Variable
+from .arguments import name_of
 from .arrays import SparseGradient, static_shape
 from .errors import InvalidArgumentError, InvalidTypeError
-from .inputs import name_of
 
 
 def mask_gradients(grads: Sequence[Any], masks: Sequence[Any]) -> List[Any]:
@@ -24,14 +27,18 @@ def mask_gradients(grads: Sequence[Any], masks: Sequence[Any]) -> List[Any]:
     grads = _sequence("grads", grads)
     masks = _sequence("masks", masks)
     if len(masks) != len(grads):
-        raise InvalidArgumentError("masks", "{} masks, one per gradient (None to leave one as it is)".format(len(grads)), "{} masks".format(len(masks)))
+        raise InvalidArgumentError(
+            "masks",
+            f"{len(grads)} masks, one per gradient (None to leave one as it is)",
+            f"{len(masks)} masks",
+        )
     masked = []
     for index, (grad, mask) in enumerate(zip(grads, masks)):
         if mask is None or grad is None:
             masked.append(grad)
             continue
         shape = tuple(grad.dense_shape) if isinstance(grad, SparseGradient) else np.shape(grad)
-        mask = broadcast_mask("masks[{}]".format(index), mask, shape)
+        mask = broadcast_mask(f"masks[{index}]", mask, shape)
         if isinstance(grad, SparseGradient):
             masked.append(grad._replace(values=(grad.values * mask[grad.indices]).astype(grad.values.dtype)))
         else:
@@ -40,7 +47,7 @@ def mask_gradients(grads: Sequence[Any], masks: Sequence[Any]) -> List[Any]:
     return masked
 
 
-def freeze(variable: Any, mask: Any) -> None:
+def freeze(variable: Variable, mask: Any) -> None:
     """Keep ``variable``'s entries where ``mask`` is True at their current values under any optimizer.
 
     ``mask`` is boolean and broadcasts to the variable's shape. The variable's own constraint, if
@@ -48,9 +55,10 @@ def freeze(variable: Any, mask: Any) -> None:
     In graph mode the constraint enters the update ops when they are built: freeze before the
     first training step (or ``compatgrad.apply_gradients``, which rebuilds its update op).
     """
-    mask = broadcast_mask("mask", mask, static_shape(variable))
+    shape = cast(Tuple[int, ...], static_shape(variable))  # a variable's shape is fully known
+    mask = broadcast_mask("mask", mask, shape)
     if mask.dtype != np.bool_:
-        raise InvalidTypeError("mask", "a boolean mask (True: frozen)", "dtype {}".format(mask.dtype))
+        raise InvalidTypeError("mask", "a boolean mask (True: frozen)", f"dtype {mask.dtype}")
     current = getattr(variable, "constraint", None)
     if isinstance(current, _Frozen):
         mask = mask | current.mask
@@ -58,7 +66,7 @@ def freeze(variable: Any, mask: Any) -> None:
     _set_constraint(variable, _Frozen(mask, _read(variable), current))
 
 
-def unfreeze(variable: Any) -> None:
+def unfreeze(variable: Variable) -> None:
     """Give ``variable`` back the constraint it had before ``freeze``."""
     current = getattr(variable, "constraint", None)
     if not isinstance(current, _Frozen):
@@ -83,32 +91,34 @@ class _Frozen:
         return tf.where(tf.constant(self.mask), tf.constant(self.values, dtype=value.dtype), value)
 
 
-def broadcast_mask(argument: str, mask: Any, shape: tuple) -> np.ndarray:
+def broadcast_mask(argument: str, mask: Any, shape: Tuple[int, ...]) -> np.ndarray:
     """``mask`` as an array of ``shape``; it may broadcast, but not change the shape."""
     mask = np.asarray(mask)
     try:
-        return np.broadcast_to(mask, tuple(shape))
+        return np.broadcast_to(mask, shape)
     except ValueError:
-        raise InvalidArgumentError(argument, "a mask that broadcasts to shape {}".format(tuple(shape)), "shape {}".format(mask.shape)) from None
+        raise InvalidArgumentError(
+            argument, f"a mask that broadcasts to shape {tuple(shape)}", f"shape {mask.shape}"
+        ) from None
 
 
-def _sequence(argument: str, value: Any) -> list:
+def _sequence(argument: str, value: Any) -> List[Any]:
     if not isinstance(value, (list, tuple)):
         raise InvalidTypeError(argument, "a list with one entry per variable", type(value).__name__)
     return list(value)
 
 
-def _set_constraint(variable: Any, constraint: Any) -> None:
-    # Through the private attribute: tf.Variable's property is read-only, Keras 3.3's setter takes
-    # Constraint instances only. AutoCastVariable (Keras 2 mixed precision) wraps the real variable.
-    target = getattr(variable, "_variable", variable) if type(variable).__name__ == "AutoCastVariable" else variable
+def _set_constraint(variable: Variable, constraint: Any) -> None:
+    target = versions.constraint_holder(variable)
     if hasattr(target, "_constraint"):
         target._constraint = constraint
     if getattr(variable, "constraint", None) is not constraint:
-        raise InvalidTypeError("variable", "a TensorFlow or Keras variable with a constraint", type(variable).__name__)
+        raise InvalidTypeError(
+            "variable", "a TensorFlow or Keras variable with a constraint", type(variable).__name__
+        )
 
 
-def _read(variable: Any) -> np.ndarray:
+def _read(variable: Variable) -> np.ndarray:
     """The variable's value now: eagerly, or in the session that holds it (graph mode)."""
     import tensorflow as tf
 
@@ -117,7 +127,7 @@ def _read(variable: Any) -> np.ndarray:
     return np.array(graph_session(variable).run(variable))
 
 
-def graph_session(variable: Any) -> Any:
+def graph_session(variable: Variable) -> Any:
     """The session holding ``variable``: the default session, else that of the Keras that tracks it
     (tf.keras, tf_keras, keras-nightly: each keeps the variables it made per graph), else a Keras
     session already running its graph, else the first Keras imported whose graph it is.
@@ -130,28 +140,22 @@ def graph_session(variable: Any) -> Any:
     session = tf.compat.v1.get_default_session()
     if session is not None and session.graph is variable.graph:
         return session
-    backends = []
-    for root in ("tf_keras.src", "tf_keras", "keras.src", "keras", "tensorflow.python.keras", "tensorflow_core.python.keras"):
+    backends: List[Any] = []
+    for root in versions.KERAS_ROOTS:
         backend = sys.modules.get(root + ".backend")
-        # Standalone Keras 2.2 has no get_graph: its session runs the default graph.
-        get_graph = getattr(backend, "get_graph", tf.compat.v1.get_default_graph)
-        if hasattr(backend, "get_session") and get_graph() is variable.graph and backend not in backends:
+        if not versions.has_sessions(backend) or backend in backends:
+            continue
+        if versions.backend_graph(backend) is variable.graph:
             backends.append(backend)
     for backend in backends:
-        tracked = getattr(backend, "_GRAPH_VARIABLES", {}).get(variable.graph, ())
-        if any(v is variable for v in tracked):
+        if any(v is variable for v in versions.backend_variables(backend, variable.graph)):
             return backend.get_session()
     for backend in backends:
-        live = _live_session(backend)
+        live = versions.live_session(backend)
         if live is not None and live.graph is variable.graph:
             return live
     if backends:
         return backends[0].get_session()
-    raise InvalidArgumentError("variable", "a variable of the default session or of a Keras session (graph mode)", name_of(variable))
-
-
-def _live_session(backend: Any) -> Any:
-    """The session a Keras backend has made, without making one: ``_SESSION.session`` (tf.keras, tf_keras,
-    standalone Keras 2.3 shares tf.keras') or standalone Keras 2.2's global ``tensorflow_backend._SESSION``."""
-    state = getattr(backend, "_SESSION", None) or getattr(getattr(backend, "tensorflow_backend", None), "_SESSION", None)
-    return state if hasattr(state, "run") else getattr(state, "session", None)
+    raise InvalidArgumentError(
+        "variable", "a variable of the default session or of a Keras session (graph mode)", name_of(variable)
+    )

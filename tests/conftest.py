@@ -8,23 +8,32 @@ import kit  # noqa: F401  (switches graph mode on before any model is built)
 
 
 def pytest_report_header(config):
-    return "compatgrad cell: TF {} / {} / {} mode".format(kit.tf.__version__, kit.FLAVOUR, kit.MODE)
+    return [
+        f"compatgrad cell: TF {kit.tf.__version__} / {kit.FLAVOUR} / {kit.MODE} mode",
+        "missing here (kit.CAPABILITIES): {}".format(", ".join(kit.missing_capabilities()) or "none"),
+    ]
 
 
 def pytest_terminal_summary(terminalreporter):
     if kit.PARITY_DIFFERENCES:
         float32 = [d for d in kit.PARITY_DIFFERENCES if "mixed" not in d[1]]
         worst = max(float32 or kit.PARITY_DIFFERENCES)
-        terminalreporter.write_line("parity: {} comparisons with train_on_batch ({} mode), largest float32 difference {:.3g} in {}".format(
-            len(kit.PARITY_DIFFERENCES), kit.MODE, worst[0], worst[1]))
+        terminalreporter.write_line(
+            f"parity: {len(kit.PARITY_DIFFERENCES)} comparisons with train_on_batch ({kit.MODE} mode), "
+            f"largest float32 difference {worst[0]:.3g} in {worst[1]}"
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)
 def cell_properties(record_testsuite_property):
     """What tools/compat_table.py reads from the JUnit XML of a run (tox writes it to .tox/results)."""
     properties = {
-        "tensorflow": kit.tf.__version__, "flavour": kit.FLAVOUR, "keras": _keras_version(), "mode": kit.MODE,
-        "train_step": hasattr(kit.keras.Model, "train_step"), "commit": _commit(),
+        "tensorflow": kit.tf.__version__,
+        "flavour": kit.FLAVOUR,
+        "keras": _keras_version(),
+        "mode": kit.MODE,
+        "train_step": hasattr(kit.keras.Model, "train_step"),
+        "commit": _commit(),
     }
     for name, value in properties.items():
         record_testsuite_property(name, value)
@@ -37,7 +46,7 @@ def cell_properties(record_testsuite_property):
         name = test.split("[")[0]
         per_test[name] = max(difference, per_test.get(name, 0.0))
     for name, difference in sorted(per_test.items()):
-        record_testsuite_property("parity " + name, "{:.2g}".format(difference))
+        record_testsuite_property("parity " + name, f"{difference:.2g}")
 
 
 def _keras_version():
@@ -46,8 +55,9 @@ def _keras_version():
         return version
     try:
         from importlib.metadata import version as distribution_version  # Python >= 3.8
+
         return distribution_version("tf-keras" if kit.FLAVOUR == "tf_keras" else "keras")
-    except Exception:  # Python 3.7, or tf.keras of a TF that ships no keras package
+    except ImportError:  # Python 3.7, or tf.keras of a TF that ships no keras package (PackageNotFoundError)
         return ""
 
 
@@ -55,8 +65,12 @@ def _commit():
     """The commit under test, "-dirty" when the work tree differs from it."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=root, stderr=subprocess.DEVNULL)
-        dirty = subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, stderr=subprocess.DEVNULL)
+        commit = subprocess.check_output(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, stderr=subprocess.DEVNULL
+        )
+        dirty = subprocess.check_output(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, stderr=subprocess.DEVNULL
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit.decode().strip() + ("-dirty" if dirty.strip() else "")
@@ -78,7 +92,7 @@ def rng():
 
 @pytest.fixture
 def mixed_float16():
-    if not kit.set_mixed_precision("mixed_float16"):
-        pytest.skip("this Keras has no mixed precision policy")
+    """The mixed_float16 policy; tests that use it are marked kit.MIXED_PRECISION.needed."""
+    kit.set_mixed_precision("mixed_float16")
     yield
     kit.set_mixed_precision(None)  # back to the default, which follows floatx

@@ -4,12 +4,16 @@ The cell is chosen by environment variables, read before any model is built:
 COMPATGRAD_KERAS = tf.keras (default) | keras (standalone Keras 2.2/2.3) | tf_keras | keras3,
 COMPATGRAD_MODE = eager (default) | graph. TF 1.x is always graph mode.
 """
+
 import functools
 import importlib
 import inspect
 import os
+import re
+from typing import Callable, List, NamedTuple, Optional, Tuple, Type
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 FLAVOUR = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
@@ -23,16 +27,28 @@ if GRAPH and not TF1:
 
 def _two_logical_cpus():
     """Eager cells split the CPU in two devices, before TensorFlow starts, for MirroredStrategy tests."""
-    configure = getattr(tf.config, "set_logical_device_configuration", None) or tf.config.experimental.set_virtual_device_configuration
-    configuration = getattr(tf.config, "LogicalDeviceConfiguration", None) or tf.config.experimental.VirtualDeviceConfiguration
-    devices = getattr(tf.config, "list_physical_devices", None) or tf.config.experimental.list_physical_devices
+    configure = (
+        getattr(tf.config, "set_logical_device_configuration", None)
+        or tf.config.experimental.set_virtual_device_configuration
+    )
+    configuration = (
+        getattr(tf.config, "LogicalDeviceConfiguration", None)
+        or tf.config.experimental.VirtualDeviceConfiguration
+    )
+    devices = (
+        getattr(tf.config, "list_physical_devices", None) or tf.config.experimental.list_physical_devices
+    )
     configure(devices("CPU")[0], [configuration(), configuration()])
 
 
 if not GRAPH:
     _two_logical_cpus()
 
-keras = tf.keras if FLAVOUR == "tf.keras" else importlib.import_module("keras" if FLAVOUR == "keras3" else FLAVOUR)
+keras = (
+    tf.keras
+    if FLAVOUR == "tf.keras"
+    else importlib.import_module("keras" if FLAVOUR == "keras3" else FLAVOUR)
+)
 backend = keras.backend
 KERAS3 = keras.Model.__module__.endswith(".models.model")  # also tf.keras on TF >= 2.16
 
@@ -63,7 +79,9 @@ def sgd(name=None, **kwargs):
 def make_optimizer(cls, learning_rate=None, **kwargs):
     """``cls(learning_rate=...)``; standalone Keras 2.2 names it ``lr``."""
     if learning_rate is not None:
-        kwargs["learning_rate" if "learning_rate" in inspect.signature(cls.__init__).parameters else "lr"] = learning_rate
+        kwargs["learning_rate" if "learning_rate" in inspect.signature(cls.__init__).parameters else "lr"] = (
+            learning_rate
+        )
     return cls(**kwargs)
 
 
@@ -79,7 +97,9 @@ def assign(variable, value):
 
 def train(model, x, y, sample_weight=None, class_weight=None, keep_metrics=False):
     """train_on_batch; keep_metrics: do not reset the metrics (Keras 3 always resets them first)."""
-    takes_reset = "reset_metrics" in inspect.signature(model.train_on_batch).parameters  # not standalone Keras 2.2
+    takes_reset = (
+        "reset_metrics" in inspect.signature(model.train_on_batch).parameters
+    )  # not standalone Keras 2.2
     kwargs = {"reset_metrics": False} if keep_metrics and takes_reset else {}
     if class_weight is not None:
         kwargs["class_weight"] = class_weight
@@ -109,7 +129,9 @@ def train_step_delta(model, x, y, sample_weight=None, class_weight=None):
 
 
 def _race_free_step_gradients(model, x, y, sample_weight, class_weight):
-    xs, ys, weights = model._standardize_user_data(x, y, sample_weight=sample_weight, class_weight=class_weight)
+    xs, ys, weights = model._standardize_user_data(
+        x, y, sample_weight=sample_weight, class_weight=class_weight
+    )
     feeds = model._feed_inputs + model._feed_targets + model._feed_sample_weights
     fed = xs + ys + weights
     if model._uses_dynamic_learning_phase():
@@ -124,7 +146,9 @@ def reference_gradients(model, x, y, weights, training):
         xs = x if isinstance(x, list) else [x]
         ys = y if isinstance(y, list) else [y]
         ones = [np.ones(len(xs[0]), "float32") for _ in model._feed_sample_weights]
-        feeds = model._feed_inputs + model._feed_targets + model._feed_sample_weights + [backend.learning_phase()]
+        feeds = (
+            model._feed_inputs + model._feed_targets + model._feed_sample_weights + [backend.learning_phase()]
+        )
         function = backend.function(feeds, backend.gradients(model.total_loss, list(weights)))
         return function(xs + ys + ones + [training])
     x, y = tf.nest.map_structure(tf.convert_to_tensor, (x, y))
@@ -138,7 +162,8 @@ def reference_gradients(model, x, y, weights, training):
 
 
 def session():
-    """Graph mode: the session holding the models' variables (the public backend may not export get_session)."""
+    """Graph mode: the session holding the models' variables (the public backend may not export
+    get_session)."""
     return importlib.import_module(keras.Model.__module__.split(".engine")[0] + ".backend").get_session()
 
 
@@ -151,7 +176,7 @@ def hand_gradients(forward, xs, y, wanted):
     if GRAPH:
         placeholders = [tf.compat.v1.placeholder(x.dtype, shape=(None,) + x.shape[1:]) for x in xs]
         prediction, tensors = forward(placeholders)
-        tensors.update(("x{}".format(i), p) for i, p in enumerate(placeholders))
+        tensors.update((f"x{i}", p) for i, p in enumerate(placeholders))
         loss = tf.reduce_mean(tf.square(prediction - y))
         gradients = tf.gradients(loss, [tensors[name] for name in wanted])
         return session().run(gradients, dict(zip(placeholders, xs)))
@@ -159,7 +184,7 @@ def hand_gradients(forward, xs, y, wanted):
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(constants)
         prediction, tensors = forward(constants)
-        tensors.update(("x{}".format(i), c) for i, c in enumerate(constants))
+        tensors.update((f"x{i}", c) for i, c in enumerate(constants))
         loss = tf.reduce_mean(tf.square(prediction - y))
     return [np.array(g) for g in tape.gradient(loss, [tensors[name] for name in wanted])]
 
@@ -177,7 +202,13 @@ def max_difference(a, b):
     assert len(a) == len(b), (len(a), len(b))
     for left, right in zip(a, b):
         assert np.shape(left) == np.shape(right), (np.shape(left), np.shape(right))
-    return max([float(np.max(np.abs(np.asarray(left, np.float64) - np.asarray(right, np.float64)))) for left, right in zip(a, b)] or [0.0])
+    return max(
+        [
+            float(np.max(np.abs(np.asarray(left, np.float64) - np.asarray(right, np.float64))))
+            for left, right in zip(a, b)
+        ]
+        or [0.0]
+    )
 
 
 PARITY_DIFFERENCES = []  # (difference, test) for every comparison with train_on_batch, for the summary
@@ -191,18 +222,14 @@ def parity_difference(grads, delta):
 
 
 def set_mixed_precision(name):
-    """Set the global dtype policy (None: the default); False where this Keras has no mixed precision API."""
-    mixed = getattr(keras, "mixed_precision", None)
-    if mixed is None or TF1:  # TF 1.x has only the "infer_float32_vars" policies
-        return False
+    """Set the global dtype policy (None: the default) with the API this Keras has. Where it has none, this
+    raises (see MIXED_PRECISION): standalone Keras has no mixed_precision, TF 1.x tf.keras
+    only the "infer" policies."""
+    mixed = keras.mixed_precision
     if hasattr(mixed, "set_global_policy"):
         mixed.set_global_policy(name if name or not KERAS3 else "float32")
-        return True
-    experimental = getattr(mixed, "experimental", None)
-    if experimental is not None and hasattr(experimental, "set_policy") and hasattr(tf, "function"):
-        experimental.set_policy(name)
-        return True
-    return False
+    else:
+        mixed.experimental.set_policy(name)
 
 
 def optimizer_variables(optimizer):
@@ -211,13 +238,20 @@ def optimizer_variables(optimizer):
         if callable(variables):  # OptimizerV2: a method
             variables = variables()
     except AttributeError:  # TF 2.11's LossScaleOptimizerV3.variables() fails: read its parts
-        return optimizer_variables(optimizer.inner_optimizer) + [optimizer.loss_scale, optimizer.dynamic_counter]
+        return optimizer_variables(optimizer.inner_optimizer) + [
+            optimizer.loss_scale,
+            optimizer.dynamic_counter,
+        ]
     return list(variables if variables is not None else optimizer.weights)
 
 
 def metric_variables(model):
     """Standalone Keras 2.2 lists its compile arguments (names, functions) as metrics: no variables."""
-    return [v for metric in model.metrics for v in getattr(metric, "variables", None) or getattr(metric, "weights", None) or []]
+    return [
+        v
+        for metric in model.metrics
+        for v in getattr(metric, "variables", None) or getattr(metric, "weights", None) or []
+    ]
 
 
 def graph_of(model):
@@ -232,3 +266,149 @@ MAX_TRACES_OVER_BATCH_SIZES = 2 if "reduce_retracing" in inspect.signature(tf.fu
 def tracing_count(function):
     count = getattr(function, "experimental_get_tracing_count", None) or function._get_tracing_count
     return count()
+
+
+# What each cell cannot do, declared in one place: per capability, the cells that lack it and why.
+# A test that needs a capability carries its `needed` mark and runs in every cell. Where the cell lacks
+# it, the test is a strict expected failure that must raise the declared exception: a cell that gains
+# the capability fails (XPASS strict), and so does one that fails some other way. A capability declared
+# with raises=None cannot be tried at all where it is missing (a step whose outcome varies from run to
+# run, two packages that the cell does not install together): there the mark is a skip, decided by this
+# table before the test runs, never by catching what a test raised. The cell is told by the installed
+# versions and COMPATGRAD_KERAS / COMPATGRAD_MODE: fine in the tests (compatgrad never reads versions).
+Version = Tuple[int, int]
+
+
+def major_minor(text: str) -> Version:
+    """(major, minor) of a version string: "2.3.0-tf" -> (2, 3), "2.23.0-dev20261026" -> (2, 23)."""
+    major, minor = re.match(r"(\d+)\.(\d+)", text).groups()
+    return int(major), int(minor)
+
+
+class Cell(NamedTuple):
+    tf: Version  # TensorFlow's (major, minor)
+    flavour: str  # COMPATGRAD_KERAS: tf.keras | keras (standalone 2.2 / 2.3) | tf_keras | keras3
+    keras: Version  # the standalone or Keras 3 package's own version; Keras 2 tf.keras and tf_keras: TF's
+    mode: str  # eager | graph
+
+
+def _this_cell() -> Cell:
+    tf_version = major_minor(tf.__version__)
+    own_package = FLAVOUR in ("keras", "keras3") or KERAS3  # tf.keras 2.13-2.15 has no __version__
+    keras_version = major_minor(keras.__version__) if own_package else tf_version
+    return Cell(tf_version, FLAVOUR, keras_version, MODE)
+
+
+CELL = _this_cell()
+
+
+class Capability(NamedTuple):
+    name: str
+    missing_in: Callable[[Cell], bool]
+    reason: str
+    raises: Optional[Type[BaseException]]  # what a test needing it raises where it is missing; None: skip
+
+    @property
+    def missing(self) -> bool:
+        return self.missing_in(CELL)
+
+    @property
+    def why(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+    @property
+    def needed(self) -> pytest.MarkDecorator:
+        """The mark of a test (or of one parameter) that needs this capability."""
+        if self.raises is None:
+            return pytest.mark.skipif(self.missing, reason=self.why)
+        return pytest.mark.xfail(self.missing, reason=self.why, strict=True, raises=self.raises)
+
+
+MIXED_PRECISION = Capability(
+    name="mixed precision",
+    missing_in=lambda cell: cell.tf < (2, 0),
+    reason="TF 1.x tf.keras has the 'infer' policies only, standalone Keras no mixed_precision at all",
+    raises=AttributeError if CELL.flavour == "keras" else ValueError,
+)
+GLOBAL_CLIPNORM = Capability(
+    name="global_clipnorm",
+    missing_in=lambda cell: cell.flavour == "keras" or cell.tf < (2, 4),
+    reason="optimizers take global_clipnorm from TF 2.4 on, standalone Keras' never",
+    raises=TypeError,  # "Unexpected keyword argument passed to optimizer"
+)
+CLIPPING_UNDER_A_STRATEGY = Capability(
+    name="clipping under a strategy",
+    missing_in=lambda cell: cell.flavour == "tf.keras" and cell.tf < (2, 4),
+    reason="before TF 2.4, an optimizer that clips refuses to be built under a distribution strategy",
+    raises=ValueError,
+)
+REPLICAS_AVERAGED = Capability(
+    name="replicas averaged",
+    missing_in=lambda cell: (3, 0) <= cell.keras < (3, 8),
+    reason=(
+        "Keras 3 < 3.8 does not average the replicas' gradients (3.0-3.4: each applies its own, "
+        "3.5-3.7: their sum of whole losses): not one device's gradient on the whole batch"
+    ),
+    raises=AssertionError,
+)
+COMPILE_WITHOUT_A_LOSS = Capability(
+    name="compile without a loss",
+    missing_in=lambda cell: cell.mode == "graph",
+    reason="the graph engine's compile refuses a model without a loss: 'no loss to optimize'",
+    raises=ValueError,
+)
+ADAMW = Capability(
+    name="AdamW",
+    missing_in=lambda cell: cell.mode == "graph" or cell.tf < (2, 12),
+    reason="keras.optimizers has AdamW from TF 2.12 on (before: .experimental), the legacy ones never",
+    raises=AttributeError,
+)
+LOSS_CLASSES = Capability(  # for test_datasets' sum-reduced losses
+    name="loss classes",
+    missing_in=lambda cell: cell.flavour == "keras" and cell.keras < (2, 3),
+    reason="standalone Keras 2.2 has no loss classes (keras.losses.MeanSquaredError), so no loss reductions",
+    raises=AttributeError,
+)
+# Declared skips: nothing to try where these are missing (test_no_side_effects reads the first two itself).
+LOSS_SCALE_PER_MODEL = Capability(
+    name="a loss scale per model",
+    missing_in=lambda cell: (2, 2) <= cell.tf < (2, 4) and cell.mode == "graph",
+    reason=(
+        "TF 2.2-2.3: the optimizers compile wraps under mixed_float16 share the policy's one "
+        "DynamicLossScale, and in graph mode the session's first step overflows and halves it: "
+        "a twin trains with another scale"
+    ),
+    raises=None,
+)
+RACE_FREE_STEP = Capability(
+    name="race-free step",
+    missing_in=lambda cell: cell.flavour == "keras" and cell.keras < (2, 3),
+    reason=(
+        "standalone Keras 2.2 updates its RefVariables racing the gradients that read them "
+        "(RACY_TRAIN_STEP): its train_on_batch applies a gradient that varies from run to run"
+    ),
+    raises=None,
+)
+TF_KERAS_NEXT_TO_KERAS3 = Capability(
+    name="tf_keras next to Keras 3",
+    missing_in=lambda cell: cell.flavour != "tf_keras",
+    reason="only the tf_keras cells install both (TF >= 2.16 requires Keras 3, tf_keras stands next to it)",
+    raises=None,
+)
+
+CAPABILITIES = [
+    MIXED_PRECISION,
+    GLOBAL_CLIPNORM,
+    CLIPPING_UNDER_A_STRATEGY,
+    REPLICAS_AVERAGED,
+    COMPILE_WITHOUT_A_LOSS,
+    ADAMW,
+    LOSS_CLASSES,
+    LOSS_SCALE_PER_MODEL,
+    RACE_FREE_STEP,
+    TF_KERAS_NEXT_TO_KERAS3,
+]
+
+
+def missing_capabilities() -> List[str]:
+    return [capability.name for capability in CAPABILITIES if capability.missing]

@@ -1,4 +1,5 @@
 """The command line, run as a user runs it: a subprocess."""
+
 import json
 import struct
 import subprocess
@@ -11,10 +12,16 @@ import kit
 from compatgrad import cli, errors, get_gradients
 
 
-@pytest.mark.skipif(kit.GRAPH and not kit.TF1, reason="check starts its own graph-mode subprocess from an eager run")
+@pytest.mark.skipif(
+    kit.GRAPH and not kit.TF1, reason="check starts its own graph-mode subprocess from an eager run"
+)
 def test_check_passes_on_the_embedded_models():
-    result = subprocess.run([sys.executable, "-m", "compatgrad", "check"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            universal_newlines=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "compatgrad", "check"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].split()[:4] == ["flavour", "mode", "case", "max"]
@@ -25,8 +32,12 @@ def test_check_passes_on_the_embedded_models():
 
 def run(*args, timeout=300):
     """The command in a subprocess, as a user runs it: (exit code, stdout, stderr)."""
-    result = subprocess.run([sys.executable, "-m", "compatgrad"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            universal_newlines=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", "compatgrad"] + list(args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return result.returncode, result.stdout, result.stderr
 
 
@@ -41,7 +52,9 @@ def run_here(capsys, *args):
     return code, captured.out, captured.err
 
 
-eager_cli = pytest.mark.skipif(kit.GRAPH and not kit.TF1, reason="the command line runs eagerly here; this run is in graph mode")
+eager_cli = pytest.mark.skipif(
+    kit.GRAPH and not kit.TF1, reason="the command line runs eagerly here; this run is in graph mode"
+)
 
 
 @eager_cli
@@ -49,9 +62,13 @@ def test_doctor_reports_this_environment():
     code, out, err = run("doctor", "--json")
     assert code == 0, err[-3000:]
     info = json.loads(out)
-    assert info["tensorflow"] == kit.tf.__version__ and info["default mode"] == ("graph" if kit.TF1 else "eager")
+    assert info["tensorflow"] == kit.tf.__version__ and info["default mode"] == (
+        "graph" if kit.TF1 else "eager"
+    )
     flavour = "keras3" if kit.KERAS3 else kit.FLAVOUR
-    assert info["keras"][flavour]["compatgrad backend"] == ("keras3" if kit.KERAS3 else "graph" if kit.TF1 or flavour == "keras" else "keras2")
+    assert info["keras"][flavour]["compatgrad backend"] == (
+        "keras3" if kit.KERAS3 else "graph" if kit.TF1 or flavour == "keras" else "keras2"
+    )
 
 
 def saved_model(tmp_path, rng):
@@ -93,7 +110,9 @@ def test_grads_in_batches_equals_the_whole_data(tmp_path, rng, capsys):
     for params in ("weights", "outputs", "inputs"):
         whole, batched = str(tmp_path / "whole.npz"), str(tmp_path / "batched.npz")
         assert run_here(capsys, "grads", model_path, data_path, "--params", params, "--out", whole)[0] == 0
-        code, out, err = run_here(capsys, "grads", model_path, data_path, "--params", params, "--batch-size", "7", "--out", batched)
+        code, out, err = run_here(
+            capsys, "grads", model_path, data_path, "--params", params, "--batch-size", "7", "--out", batched
+        )
         assert code == 0 and "3/3" in out, err
         a, b = np.load(whole), np.load(batched)
         assert list(a.files) == list(b.files) and a.files

@@ -4,6 +4,7 @@ The oracle is one epoch of ``fit`` over one batch with SGD(learning_rate=1.0): w
 step applied. ``fit`` rather than ``train_on_batch``: Keras 3's train_on_batch hands the step
 ``(x, y, None)``, which the ``x, y = data`` of every guide's custom step cannot unpack.
 """
+
 import inspect
 
 import numpy as np
@@ -27,8 +28,13 @@ def compiled_loss(model, x, y, y_pred):
 
 def functional(cls, seed=0):
     inputs = layers.Input(shape=(4,))
-    hidden = layers.Dense(5, activation="tanh", name="hidden", kernel_initializer=keras.initializers.GlorotUniform(seed))(inputs)
-    return cls(inputs, layers.Dense(2, name="head", kernel_initializer=keras.initializers.GlorotUniform(seed + 1))(hidden))
+    hidden = layers.Dense(
+        5, activation="tanh", name="hidden", kernel_initializer=keras.initializers.GlorotUniform(seed)
+    )(inputs)
+    return cls(
+        inputs,
+        layers.Dense(2, name="head", kernel_initializer=keras.initializers.GlorotUniform(seed + 1))(hidden),
+    )
 
 
 def twins(cls, optimizer=None, **compile_kwargs):
@@ -121,8 +127,10 @@ def test_apply_gradients_on_a_subset_with_an_own_term(opt, rng):
 
 
 @eager_only
-@pytest.mark.skipif(kit.GRAPH or kit.KERAS3 or "tape" not in inspect.signature(keras.optimizers.SGD.minimize).parameters,
-                    reason="minimize(loss, variables, tape=) of Keras 2 from TF 2.4, eager")
+@pytest.mark.skipif(
+    kit.GRAPH or kit.KERAS3 or "tape" not in inspect.signature(keras.optimizers.SGD.minimize).parameters,
+    reason="minimize(loss, variables, tape=) of Keras 2 from TF 2.4, eager",
+)
 @optimizer_names
 def test_minimize(opt, rng):
     x, y = batch(rng)
@@ -136,19 +144,21 @@ def test_apply_with_scale_loss(rng):
     x, y = batch(rng)
     model, twin = twins(Applies, lambda: keras.optimizers.LossScaleOptimizer(kit.sgd()))
     grads, info = get_gradients(model, x, y, return_info=True)
-    assert info.loss_scale == 2.0 ** 15
+    assert info.loss_scale == 2.0**15
     assert kit.parity_difference(grads, fit_delta(twin, x, y)) < TOL
 
 
-@pytest.mark.skipif(kit.KERAS3 or not hasattr(getattr(keras, "mixed_precision", None), "LossScaleOptimizer"),
-                    reason="Keras 2's LossScaleOptimizer API (TF >= 2.4)")
+@pytest.mark.skipif(
+    kit.KERAS3 or not hasattr(getattr(keras, "mixed_precision", None), "LossScaleOptimizer"),
+    reason="Keras 2's LossScaleOptimizer API (TF >= 2.4)",
+)
 @eager_only
 @optimizer_names
 def test_loss_scaled_by_the_step_itself(opt, rng):
     x, y = batch(rng)
     model, twin = twins(ScalesLossItself, lambda: keras.mixed_precision.LossScaleOptimizer(kit.sgd(opt)))
     grads, info = get_gradients(model, x, y, return_info=True)
-    assert info.loss_scale == 2.0 ** 15
+    assert info.loss_scale == 2.0**15
     assert kit.parity_difference(grads, fit_delta(twin, x, y)) < TOL
 
 
@@ -189,7 +199,9 @@ class GAN(keras.Model):
         z = tf.reshape(tf.range(tf.cast(tf.size(real[:, :3]), tf.float32), dtype=tf.float32), (-1, 3)) / 50.0
         with tf.GradientTape() as tape:  # the discriminator first: real scores up, fake ones down
             fake = self.generator(z, training=True)
-            d_loss = tf.reduce_mean(self.discriminator(fake, training=True)) - tf.reduce_mean(self.discriminator(real, training=True))
+            d_loss = tf.reduce_mean(self.discriminator(fake, training=True)) - tf.reduce_mean(
+                self.discriminator(real, training=True)
+            )
         d_vars = self.discriminator.trainable_variables
         self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, d_vars), d_vars))
         with tf.GradientTape() as tape:  # then the generator, against the discriminator as just updated
@@ -225,7 +237,7 @@ def test_two_optimizers_in_one_step(rng):
     with tf.GradientTape() as tape:
         g_loss = -tf.reduce_mean(model.discriminator(model.generator(z, training=True), training=True) ** 2)
     stale = [np.array(g) for g in tape.gradient(g_loss, model.generator.trainable_variables)]
-    assert kit.max_difference(stale, delta[:len(stale)]) > 1e-3
+    assert kit.max_difference(stale, delta[: len(stale)]) > 1e-3
 
 
 @eager_only
@@ -238,7 +250,9 @@ def test_no_side_effects(opt, rng):
         m.fit(x, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
 
     def state(m):
-        return kit.values(m.weights) + kit.values(kit.optimizer_variables(m.d_optimizer) + kit.optimizer_variables(m.g_optimizer))
+        return kit.values(m.weights) + kit.values(
+            kit.optimizer_variables(m.d_optimizer) + kit.optimizer_variables(m.g_optimizer)
+        )
 
     before = state(model)
     get_gradients(model, x)
@@ -255,7 +269,9 @@ class AppliesTwice(keras.Model):
         for _ in range(2):
             with tf.GradientTape() as tape:
                 loss = compiled_loss(self, x, y, self(x, training=True))
-            self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+            self.optimizer.apply_gradients(
+                zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+            )
         return {"loss": loss}
 
 
@@ -266,14 +282,19 @@ class AssignsDirectly(keras.Model):
         x, y = data
         with tf.GradientTape() as tape:
             loss = compiled_loss(self, x, y, self(x, training=True))
-        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+        self.optimizer.apply_gradients(
+            zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        )
         kernel = self.get_layer("hidden").kernel
         kernel.assign(tf.clip_by_value(kernel, -0.01, 0.01))
         return {"loss": loss}
 
 
-@pytest.mark.parametrize("cls, message", [(AppliesTwice, "twice"), (AssignsDirectly, "other than through an optimizer")],
-                         ids=["applied twice", "assigned directly"])
+@pytest.mark.parametrize(
+    "cls, message",
+    [(AppliesTwice, "twice"), (AssignsDirectly, "other than through an optimizer")],
+    ids=["applied twice", "assigned directly"],
+)
 @eager_only
 @optimizer_names
 def test_steps_it_cannot_describe_raise_and_change_nothing(cls, message, opt, rng):
@@ -284,7 +305,12 @@ def test_steps_it_cannot_describe_raise_and_change_nothing(cls, message, opt, rn
     before = kit.values(model.weights) + kit.values(kit.optimizer_variables(model.optimizer))
     with pytest.raises(errors.UnsupportedModelError, match=message):
         get_gradients(model, x, y)
-    assert kit.max_difference(kit.values(model.weights) + kit.values(kit.optimizer_variables(model.optimizer)), before) == 0.0
+    assert (
+        kit.max_difference(
+            kit.values(model.weights) + kit.values(kit.optimizer_variables(model.optimizer)), before
+        )
+        == 0.0
+    )
 
 
 @eager_only
@@ -298,7 +324,10 @@ def test_layer_outputs_and_datasets_are_refused(rng):
         get_gradients(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(8))
 
 
-@pytest.mark.skipif(not kit.GRAPH or not hasattr(keras.Model, "train_step"), reason="graph mode of a Keras that has train_step")
+@pytest.mark.skipif(
+    not kit.GRAPH or not hasattr(keras.Model, "train_step"),
+    reason="graph mode of a Keras that has train_step",
+)
 def test_graph_mode_trains_the_compiled_loss_as_train_on_batch_does(rng):
     """The v1 engine never calls train_step: its train_on_batch applies the compiled loss's gradient."""
     x, y = batch(rng)
@@ -320,5 +349,8 @@ def test_two_optimizers_under_a_mirrored_strategy(opt, rng):
     grads = get_gradients(model, x)
     before = kit.values(twin.trainable_weights)
     twin.fit(x, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
-    assert kit.parity_difference(grads, [b - a for b, a in zip(before, kit.values(twin.trainable_weights))]) < TOL
+    assert (
+        kit.parity_difference(grads, [b - a for b, a in zip(before, kit.values(twin.trainable_weights))])
+        < TOL
+    )
     assert kit.max_difference(kit.values(model.weights), before) == 0.0

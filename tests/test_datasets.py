@@ -1,10 +1,11 @@
 """Whole-dataset gradients equal the training step's gradient on the concatenated data."""
+
 import numpy as np
 import pytest
+from test_behaviour import WithUnusedWeight
 
 import kit
 from compatgrad import errors, get_gradients
-from test_behaviour import WithUnusedWeight
 
 layers = kit.keras.layers
 TOL = 1e-5
@@ -12,16 +13,24 @@ SequenceBase = getattr(kit.keras.utils, "PyDataset", None) or kit.keras.utils.Se
 
 
 def regularized_model(loss="mse"):
-    model = kit.keras.Sequential([
-        layers.Dense(6, activation="tanh", input_shape=(5,), kernel_regularizer=kit.keras.regularizers.l2(0.05)),
-        layers.Dense(1),
-    ])
+    model = kit.keras.Sequential(
+        [
+            layers.Dense(
+                6, activation="tanh", input_shape=(5,), kernel_regularizer=kit.keras.regularizers.l2(0.05)
+            ),
+            layers.Dense(1),
+        ]
+    )
     model.compile(kit.sgd(), loss)
     return model
 
 
 def data(rng, n=40):
-    return rng.randn(n, 5).astype("float32"), rng.randn(n, 1).astype("float32"), rng.uniform(0, 2, size=n).astype("float32")
+    return (
+        rng.randn(n, 5).astype("float32"),
+        rng.randn(n, 1).astype("float32"),
+        rng.uniform(0, 2, size=n).astype("float32"),
+    )
 
 
 class Batches(SequenceBase):
@@ -33,12 +42,12 @@ class Batches(SequenceBase):
         return -(-len(self.arrays[0]) // self.batch_size)
 
     def __getitem__(self, index):
-        return tuple(a[index * self.batch_size:(index + 1) * self.batch_size] for a in self.arrays)
+        return tuple(a[index * self.batch_size : (index + 1) * self.batch_size] for a in self.arrays)
 
 
 def generator(arrays, batch_size):
     for start in range(0, len(arrays[0]), batch_size):
-        yield tuple(a[start:start + batch_size] for a in arrays)
+        yield tuple(a[start : start + batch_size] for a in arrays)
 
 
 def tf_dataset(arrays, batch_size):
@@ -64,11 +73,10 @@ def test_steps_stops_early_and_the_loss_is_the_mean(rng):
 
 
 def sum_reduced_mse():
-    if not hasattr(kit.keras.losses, "MeanSquaredError"):
-        pytest.skip("standalone Keras 2.2 has no loss classes, so no loss reductions")
     return kit.keras.losses.MeanSquaredError(reduction="sum")
 
 
+@kit.LOSS_CLASSES.needed
 def test_sum_reduced_loss_adds_up_over_batches(rng):
     x, y, _ = data(rng)
     model = kit.keras.Sequential([layers.Dense(6, activation="tanh", input_shape=(5,)), layers.Dense(1)])
@@ -101,15 +109,21 @@ def test_dataset_arguments_are_checked(rng):
     with pytest.raises(errors.InvalidArgumentError, match="x: expected a dataset with at least one batch"):
         get_gradients(model, iter([]), verbose=0)
     if not kit.GRAPH:
-        with pytest.raises(errors.InvalidArgumentError, match="steps: expected a number of batches for an infinite dataset"):
+        with pytest.raises(
+            errors.InvalidArgumentError, match="steps: expected a number of batches for an infinite dataset"
+        ):
             get_gradients(model, tf_dataset((x, y), 16).repeat(), verbose=0)
         assert len(get_gradients(model, tf_dataset((x, y), 16).repeat(), steps=5, verbose=0)) == 4
 
 
+@kit.LOSS_CLASSES.needed
 def test_sum_reduced_loss_next_to_regularization_is_refused(rng):
     x, y, _ = data(rng)
     summed = regularized_model(sum_reduced_mse())
-    with pytest.raises(errors.InvalidArgumentError, match="model: expected no regularization losses next to a SUM-reduced loss"):
+    with pytest.raises(
+        errors.InvalidArgumentError,
+        match="model: expected no regularization losses next to a SUM-reduced loss",
+    ):
         get_gradients(summed, generator((x, y), 16), verbose=0)
 
 
@@ -123,7 +137,11 @@ def two_output_model():
 
 def test_many_batches_with_per_output_weights_add_up(rng):
     """More batches than one chunk of the in-graph loop (eager tf.data), per-output sample weights."""
-    x, ya, yb = rng.randn(42, 5).astype("float32"), rng.randn(42, 1).astype("float32"), rng.randn(42, 2).astype("float32")
+    x, ya, yb = (
+        rng.randn(42, 5).astype("float32"),
+        rng.randn(42, 1).astype("float32"),
+        rng.randn(42, 2).astype("float32"),
+    )
     weights = rng.uniform(0, 2, size=42).astype("float32")
     model = two_output_model()
     targets, per_output = {"a": ya, "b": yb}, {"a": weights, "b": weights[::-1].copy()}
@@ -143,7 +161,9 @@ def test_a_variable_without_gradient_over_a_dataset(rng):
     dataset = tf_dataset((x, y), 16)
     with pytest.raises(errors.UnconnectedGradientError, match="unused"):
         get_gradients(model, dataset, verbose=0)
-    kernel, zeros = get_gradients(model, dataset, params=[layer.kernel, layer.unused], unconnected="zero", verbose=0)
+    kernel, zeros = get_gradients(
+        model, dataset, params=[layer.kernel, layer.unused], unconnected="zero", verbose=0
+    )
     assert zeros.shape == (2,) and not zeros.any()
     if not kit.GRAPH:  # the eager step skips None gradients; graph mode's get_updates refuses them
         assert kit.parity_difference([kernel], kit.train_step_delta(model, x, y)[:1]) <= TOL

@@ -1,4 +1,5 @@
 """tf.distribute: the cross-replica gradient the step applies, equal to one device's on the same batch."""
+
 import json
 import os
 import socket
@@ -31,7 +32,11 @@ def model_on(strategy=None, **optimizer_kwargs):
 
 
 def data(rng, n=32):
-    return rng.randn(n, 5).astype("float32"), rng.randn(n, 1).astype("float32"), rng.uniform(0, 2, size=n).astype("float32")
+    return (
+        rng.randn(n, 5).astype("float32"),
+        rng.randn(n, 1).astype("float32"),
+        rng.uniform(0, 2, size=n).astype("float32"),
+    )
 
 
 def replicas_combine():
@@ -46,40 +51,55 @@ def replicas_combine():
 
 
 @pytest.mark.parametrize("weighted", [True, False], ids=["weighted", "unweighted"])
-@pytest.mark.parametrize("optimizer_kwargs", [{}, {"clipnorm": 0.05}], ids=["plain", "clipnorm"])
+@pytest.mark.parametrize(
+    "optimizer_kwargs",
+    [
+        pytest.param({}, id="plain"),
+        pytest.param({"clipnorm": 0.05}, id="clipnorm", marks=kit.CLIPPING_UNDER_A_STRATEGY.needed),
+    ],
+)
 def test_mirrored_equals_one_device_and_its_own_step(optimizer_kwargs, weighted, rng):
     x, y, weights = data(rng)
     weights = weights if weighted else None
     strategy = kit.mirrored()
-    try:
-        distributed = model_on(strategy, **optimizer_kwargs)
-    except ValueError as error:  # TF 2.2-2.3: "Gradient clipping in the optimizer ... is currently unsupported"
-        pytest.skip(str(error))
+    distributed = model_on(strategy, **optimizer_kwargs)
     single = model_on(**optimizer_kwargs)
     single.set_weights(distributed.get_weights())
     assert distributed.distribute_strategy.num_replicas_in_sync == 2
     params = list(distributed.trainable_weights) + layer_outputs(distributed, ["hidden"])
     grads = get_gradients(distributed, x, y, params, sample_weight=weights)
-    reference = get_gradients(single, x, y, list(single.trainable_weights) + layer_outputs(single, ["hidden"]), sample_weight=weights)
+    reference = get_gradients(
+        single,
+        x,
+        y,
+        list(single.trainable_weights) + layer_outputs(single, ["hidden"]),
+        sample_weight=weights,
+    )
     # Keras 3 gives both replicas the whole batch: summed with all of the loss on each, twice one device's.
     factor = 2 if replicas_combine() == "sum" else 1
-    assert kit.max_difference(grads[4:], reference[4:]) <= TOL  # the activations' gradients are each replica's
+    assert (
+        kit.max_difference(grads[4:], reference[4:]) <= TOL
+    )  # the activations' gradients are each replica's
     if kit.KERAS3 and optimizer_kwargs and replicas_combine() == "mean":
         # Keras 3 clips each replica's half of the gradient before the sum: not one device's clipped gradient.
         assert kit.max_difference(grads[:4], reference[:4]) > 1e-3
     else:
         assert kit.max_difference(grads[:4], [factor * r for r in reference[:4]]) <= TOL
-    assert kit.parity_difference(grads[:4], kit.train_step_delta(distributed, x, y, sample_weight=weights)) <= TOL
+    assert (
+        kit.parity_difference(grads[:4], kit.train_step_delta(distributed, x, y, sample_weight=weights))
+        <= TOL
+    )
 
 
+@kit.REPLICAS_AVERAGED.needed
 def test_distributed_dataset_gives_the_same_gradient(rng):
-    if replicas_combine() != "mean":
-        pytest.skip("Keras 3 < 3.8 does not average over replicas: not one device's gradient on the whole batch")
     x, y, weights = data(rng)
     strategy = kit.mirrored()
     distributed, single = model_on(strategy), model_on()
     single.set_weights(distributed.get_weights())
-    dataset = strategy.experimental_distribute_dataset(kit.tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(16))
+    dataset = strategy.experimental_distribute_dataset(
+        kit.tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(16)
+    )
     grads = get_gradients(distributed, dataset, verbose=0)
     assert kit.max_difference(grads, get_gradients(single, x, y, sample_weight=weights)) <= TOL
     assert kit.parity_difference(grads, kit.train_step_delta(single, x, y, sample_weight=weights)) <= TOL
@@ -143,7 +163,7 @@ def test_multi_input_multi_output_under_strategy(strategy_name, keyed, weighted,
     assert kit.parity_difference(grads[:6], delta) <= TOL
 
 
-@pytest.mark.skipif(replicas_combine() != "mean", reason="Keras 3 < 3.8 does not average over replicas")
+@kit.REPLICAS_AVERAGED.needed
 @pytest.mark.parametrize("keyed", [False, True], ids=["lists", "dicts"])
 def test_multi_input_multi_output_distributed_dataset(keyed, rng):
     """The CompileLoss built from a distributed batch: from one replica's part of it."""
@@ -161,11 +181,10 @@ def test_multi_input_multi_output_distributed_dataset(keyed, rng):
 
 def test_unsupported_strategy_is_refused(rng):
     x, y, _ = data(rng, 8)
-    try:
-        model = model_on(kit.tf.distribute.experimental.CentralStorageStrategy())
-    except Exception as error:  # this Keras cannot build a model under it at all
-        pytest.skip("CentralStorageStrategy: {}".format(error))
-    with pytest.raises(errors.UnsupportedModelError, match="CentralStorageStrategy, which compatgrad does not support"):
+    model = model_on(kit.tf.distribute.experimental.CentralStorageStrategy())
+    with pytest.raises(
+        errors.UnsupportedModelError, match="CentralStorageStrategy, which compatgrad does not support"
+    ):
         get_gradients(model, x, y)
 
 
@@ -176,9 +195,13 @@ import tensorflow as tf
 import compatgrad
 
 flavour = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
-keras = tf.keras if flavour == "tf.keras" else importlib.import_module("keras" if flavour == "keras3" else flavour)
+package = "keras" if flavour == "keras3" else flavour
+keras = tf.keras if flavour == "tf.keras" else importlib.import_module(package)
 cluster = tf.train.ClusterSpec({{"worker": ["127.0.0.1:{}"], "ps": ["127.0.0.1:{}"]}})
-servers = [tf.distribute.Server(cluster, job_name=job, task_index=0, protocol="grpc", start=True) for job in ("worker", "ps")]
+servers = [
+    tf.distribute.Server(cluster, job_name=job, task_index=0, protocol="grpc", start=True)
+    for job in ("worker", "ps")
+]
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
 with tf.distribute.experimental.ParameterServerStrategy(resolver).scope():
     model = keras.Sequential([keras.layers.Dense(1, input_shape=(3,))])
@@ -190,15 +213,25 @@ except compatgrad.errors.UnsupportedModelError as error:
 """
 
 
-@pytest.mark.skipif(not hasattr(kit.tf.distribute, "MultiWorkerMirroredStrategy"), reason="ParameterServerStrategy V2 arrived in TF 2.4")
+@pytest.mark.skipif(
+    not hasattr(kit.tf.distribute, "MultiWorkerMirroredStrategy"),
+    reason="ParameterServerStrategy V2 arrived in TF 2.4",
+)
 def test_parameter_server_strategy_is_refused():
     """In a subprocess: connecting to the in-process cluster changes the eager context for good."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-c", PARAMETER_SERVER.format(*free_ports(2))], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, timeout=240)
+    result = subprocess.run(
+        [sys.executable, "-c", PARAMETER_SERVER.format(*free_ports(2))],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=240,
+    )
     output = result.stdout.decode(errors="replace")
-    assert result.returncode == 0 and "refused: model: built under ParameterServerStrategy" in output, output[-3000:]
+    assert result.returncode == 0 and "refused: model: built under ParameterServerStrategy" in output, output[
+        -3000:
+    ]
 
 
 def free_ports(count):
@@ -211,20 +244,27 @@ def free_ports(count):
     return ports
 
 
-@pytest.mark.skipif(not hasattr(kit.tf.distribute, "MultiWorkerMirroredStrategy"), reason="MultiWorkerMirroredStrategy is experimental before TF 2.4")
+@pytest.mark.skipif(
+    not hasattr(kit.tf.distribute, "MultiWorkerMirroredStrategy"),
+    reason="MultiWorkerMirroredStrategy is experimental before TF 2.4",
+)
 def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
     x, y, weights = data(rng)
     single = model_on()
     arrays = {"x": x, "y": y, "sample_weight": weights}
-    arrays.update(("w{}".format(i), w) for i, w in enumerate(single.get_weights()))
+    arrays.update((f"w{i}", w) for i, w in enumerate(single.get_weights()))
     np.savez(str(tmp_path / "inputs.npz"), **arrays)
-    cluster = {"worker": ["127.0.0.1:{}".format(port) for port in free_ports(2)]}
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mwms_worker.py")
     processes = []
     for index in range(2):
-        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
-        env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(worker)), env.get("PYTHONPATH", "")])
-        results = [str(tmp_path / "grads{}.npz".format(i)) for i in range(2)]
+        env = dict(
+            os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        )
+        env["PYTHONPATH"] = os.pathsep.join(
+            [os.path.dirname(os.path.dirname(worker)), env.get("PYTHONPATH", "")]
+        )
+        results = [str(tmp_path / f"grads{i}.npz") for i in range(2)]
         command = [sys.executable, worker, str(tmp_path / "inputs.npz"), str(index)] + results
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     try:
@@ -243,5 +283,5 @@ def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
             halves.append(kit.train_step_delta(half, x[rows], y[rows], sample_weight=weights[rows]))
         expected = halves if replicas_combine() == "own" else [[a + b for a, b in zip(*halves)]] * 2
     for index in range(2):
-        grads = np.load(str(tmp_path / "grads{}.npz".format(index)))
-        assert kit.parity_difference([grads["arr_{}".format(i)] for i in range(4)], expected[index]) <= TOL
+        grads = np.load(str(tmp_path / f"grads{index}.npz"))
+        assert kit.parity_difference([grads[f"arr_{i}"] for i in range(4)], expected[index]) <= TOL

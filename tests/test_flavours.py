@@ -1,4 +1,5 @@
 """Flavour-specific contract: Keras 3 dropout replay, loss-scale info, side-by-side flavours, backends."""
+
 import importlib
 import importlib.util
 import os
@@ -15,10 +16,14 @@ from compatgrad import GradientInfo, get_gradients
 layers = kit.keras.layers
 
 
-@pytest.mark.skipif(not kit.KERAS3, reason="Keras 2 Dropout draws from a stateful global RNG: no step replays its mask")
+@pytest.mark.skipif(
+    not kit.KERAS3, reason="Keras 2 Dropout draws from a stateful global RNG: no step replays its mask"
+)
 def test_keras3_dropout_in_training_matches_the_step_exactly(rng):
     x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
-    model = kit.keras.Sequential([layers.Dense(16, activation="relu", input_shape=(5,)), layers.Dropout(0.5, seed=3), layers.Dense(1)])
+    model = kit.keras.Sequential(
+        [layers.Dense(16, activation="relu", input_shape=(5,)), layers.Dropout(0.5, seed=3), layers.Dense(1)]
+    )
     model.compile(kit.sgd(), "mse")
     seeds = [v for v in model.non_trainable_variables if "seed" in v.path]
     seeds_before = kit.values(seeds)
@@ -44,42 +49,43 @@ def overflowing_model():
     return model
 
 
+@kit.MIXED_PRECISION.needed
 def test_mixed_precision_overflow_is_reported_and_the_step_skips(mixed_float16, rng):
-    x = rng.randn(32, 5).astype("float32") * 300.0  # float16 activations near 65504: the scaled loss overflows
+    x = (
+        rng.randn(32, 5).astype("float32") * 300.0
+    )  # float16 activations near 65504: the scaled loss overflows
     y = rng.randn(32, 1).astype("float32")
     model = overflowing_model()
     before = kit.values(kit.optimizer_variables(model.optimizer))
     grads, info = get_gradients(model, x, y, return_info=True, learning_phase=1)
     assert kit.max_difference(kit.values(kit.optimizer_variables(model.optimizer)), before) == 0.0
     assert info.loss_scale > 1.0
-    assert get_gradients(model, x, y, return_info=True, learning_phase=1)[1].loss_scale == info.loss_scale  # not halved
+    assert (
+        get_gradients(model, x, y, return_info=True, learning_phase=1)[1].loss_scale == info.loss_scale
+    )  # not halved
     assert not info.all_finite and not all(np.isfinite(g).all() for g in grads)
     delta = kit.train_step_delta(model, x, y)
     assert all(not d.any() for d in delta), "the step should have skipped its update"
 
 
+@kit.MIXED_PRECISION.needed
 def test_mixed_precision_info_scale_matches_the_optimizer(mixed_float16, rng):
     x, y = 0.1 * rng.randn(32, 5).astype("float32"), 0.1 * rng.randn(32, 1).astype("float32")
     model = overflowing_model()
     _, info = get_gradients(model, x, y, return_info=True)
-    assert info.all_finite and info.loss_scale == 2.0 ** 15  # every flavour's initial dynamic scale
-
-
-def _importable(name):
-    try:
-        return importlib.import_module(name)
-    except Exception:
-        return None
+    assert info.all_finite and info.loss_scale == 2.0**15  # every flavour's initial dynamic scale
 
 
 @pytest.mark.skipif(kit.GRAPH, reason="Keras 3 runs eagerly only")
+@kit.TF_KERAS_NEXT_TO_KERAS3.needed
 def test_tf_keras_and_keras3_side_by_side(rng):
-    tf_keras, keras3 = _importable("tf_keras"), _importable("keras")
-    if tf_keras is None or keras3 is None or not keras3.__version__.startswith("3"):
-        pytest.skip("needs both tf_keras and Keras 3 installed")
+    tf_keras, keras3 = importlib.import_module("tf_keras"), importlib.import_module("keras")
+    assert keras3.__version__.startswith("3."), keras3.__version__
     x, y = rng.randn(16, 3).astype("float32"), rng.randn(16, 1).astype("float32")
     for keras in (tf_keras, keras3):
-        model = keras.Sequential([keras.layers.Dense(2, activation="tanh", input_shape=(3,)), keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [keras.layers.Dense(2, activation="tanh", input_shape=(3,)), keras.layers.Dense(1)]
+        )
         model.compile(keras.optimizers.SGD(learning_rate=1.0), "mse")
         grads = get_gradients(model, x, y, learning_phase=1)
         before = [w.copy() for w in model.get_weights()]
@@ -88,7 +94,10 @@ def test_tf_keras_and_keras3_side_by_side(rng):
         assert kit.max_difference(grads, delta) <= 1e-5, keras.__name__
 
 
-@pytest.mark.skipif(not kit.KERAS3 or importlib.util.find_spec("jax") is None, reason="needs Keras 3 and JAX for a second backend")
+@pytest.mark.skipif(
+    not kit.KERAS3 or importlib.util.find_spec("jax") is None,
+    reason="needs Keras 3 and JAX for a second backend",
+)
 def test_keras3_on_another_backend_is_refused():
     script = textwrap.dedent("""
         import numpy as np, keras
@@ -101,5 +110,7 @@ def test_keras3_on_another_backend_is_refused():
             print("UnsupportedModelError:", error)
     """)
     env = dict(os.environ, KERAS_BACKEND="jax")
-    result = subprocess.run([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
-    assert "expected a Keras 3 model on the TensorFlow backend, got the 'jax' backend" in result.stdout.decode(), result.stderr.decode()[-2000:]
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
+    assert (
+        "expected a Keras 3 model on the TensorFlow backend, got the 'jax' backend" in result.stdout.decode()
+    ), result.stderr.decode()[-2000:]

@@ -1,5 +1,6 @@
 """Models people train that are not the plain compiled functional model: trained by add_loss alone
 (y=None), or not built until their first batch."""
+
 import numpy as np
 import pytest
 
@@ -42,7 +43,7 @@ def test_y_none_with_a_compiled_loss_is_refused(rng):
         get_gradients(model, rng.randn(8, 4).astype("float32"))
 
 
-@pytest.mark.skipif(kit.GRAPH, reason="the graph engine's compile itself refuses a model without any loss")
+@kit.COMPILE_WITHOUT_A_LOSS.needed
 def test_no_loss_at_all_is_refused(rng):
     inputs = layers.Input(shape=(4,))
     model = keras.Model(inputs, layers.Dense(2)(inputs))
@@ -54,9 +55,11 @@ def test_no_loss_at_all_is_refused(rng):
 def seeded(seed):
     """The same weights wherever the build runs: seeded random initializers draw differently eagerly
     and in a traced build on TF 2.7-2.9, and compatgrad builds eagerly where train_on_batch traces."""
+
     def initializer(shape, dtype=None, **kwargs):
         values = np.random.RandomState(seed).uniform(-1.0, 1.0, size=tuple(int(d) for d in shape))
         return tf.constant(values, dtype=dtype or "float32")
+
     return initializer
 
 
@@ -71,11 +74,18 @@ class Subclassed(keras.Model):
 
 
 def sequential_without_input_shape():
-    return keras.Sequential([layers.Dense(3, activation="tanh", kernel_initializer=seeded(1)), layers.Dense(2, kernel_initializer=seeded(2))])
+    return keras.Sequential(
+        [
+            layers.Dense(3, activation="tanh", kernel_initializer=seeded(1)),
+            layers.Dense(2, kernel_initializer=seeded(2)),
+        ]
+    )
 
 
-@pytest.mark.skipif(kit.RACY_TRAIN_STEP, reason="standalone Keras 2.2 applies a gradient that varies from run to run (see kit)")
-@pytest.mark.parametrize("make", [sequential_without_input_shape, Subclassed], ids=["sequential", "subclassed"])
+@kit.RACE_FREE_STEP.needed
+@pytest.mark.parametrize(
+    "make", [sequential_without_input_shape, Subclassed], ids=["sequential", "subclassed"]
+)
 def test_built_from_the_first_batch_as_the_step_builds_it(make, rng):
     """Both models build to the same weights: compatgrad's build is the one the twin's step makes."""
     x, y = rng.randn(8, 4).astype("float32"), rng.randn(8, 2).astype("float32")
@@ -86,7 +96,9 @@ def test_built_from_the_first_batch_as_the_step_builds_it(make, rng):
     built = kit.values(model.trainable_weights)
     assert len(grads) == 4
     kit.train(twin, x, y)
-    assert kit.parity_difference(grads, [b - a for b, a in zip(built, kit.values(twin.trainable_weights))]) < TOL
+    assert (
+        kit.parity_difference(grads, [b - a for b, a in zip(built, kit.values(twin.trainable_weights))]) < TOL
+    )
     kit.train(model, x, y)  # the build was the only change
     assert kit.max_difference(kit.values(model.trainable_weights), kit.values(twin.trainable_weights)) < TOL
 
@@ -95,6 +107,8 @@ def test_built_from_the_first_batch_as_the_step_builds_it(make, rng):
 def test_an_unbuilt_model_with_a_dataset_is_refused(rng):
     model = sequential_without_input_shape()
     model.compile(kit.sgd(), "mse")
-    dataset = tf.data.Dataset.from_tensor_slices((rng.randn(8, 4).astype("float32"), rng.randn(8, 2).astype("float32"))).batch(4)
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (rng.randn(8, 4).astype("float32"), rng.randn(8, 2).astype("float32"))
+    ).batch(4)
     with pytest.raises(errors.InvalidArgumentError, match="built"):
         get_gradients(model, dataset)

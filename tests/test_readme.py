@@ -1,4 +1,5 @@
 """The README's recipes run as written."""
+
 import os
 import re
 

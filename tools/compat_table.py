@@ -12,6 +12,7 @@ against ``train_on_batch``. Under the table: the date of the results and the com
 README's ``<!-- compat-table -->`` and ``<!-- /compat-table -->`` markers; otherwise it is printed.
 Exit 1 when any cell not allowed to fail (tox's ignore_outcome) failed or was not run.
 """
+
 import argparse
 import configparser
 import json
@@ -21,8 +22,9 @@ import sys
 import xml.etree.ElementTree as ET
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
+from readme_markers import replace_between_markers  # tools/ is the script's folder
+
 MODES = ("eager", "graph")
-BEGIN, END = "<!-- compat-table -->", "<!-- /compat-table -->"
 FLAVOURS = {"tf.keras": "tf.keras", "keras": "standalone Keras", "tf_keras": "tf_keras", "keras3": "Keras"}
 
 
@@ -41,23 +43,30 @@ def read_run(path: str) -> Run:
     root = ET.parse(path).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     if suite is None:
-        raise ValueError("{}: no testsuite element".format(path))
+        raise ValueError(f"{path}: no testsuite element")
     count = lambda name: int(suite.get(name, 0))  # noqa: E731
     failed = count("failures") + count("errors")
     skipped = count("skipped")
     properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
-    return Run(count("tests") - failed - skipped, failed, skipped, float(suite.get("time", 0)), properties,
-               suite.get("timestamp", ""))
+    return Run(
+        count("tests") - failed - skipped,
+        failed,
+        skipped,
+        float(suite.get("time", 0)),
+        properties,
+        suite.get("timestamp", ""),
+    )
 
 
 def cells_of(tox_ini: str) -> List[str]:
+    """The test cells of the ``full`` label (``pyXY-...``; ``lint`` runs no tests)."""
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(tox_ini)
     for line in parser.get("tox", "labels").splitlines():
         name, _, cells = line.partition("=")
         if name.strip() == "full":
-            return [cell.strip() for cell in cells.split(",") if cell.strip()]
-    raise ValueError("{}: no 'full' label".format(tox_ini))
+            return [cell.strip() for cell in cells.split(",") if re.match(r"py\d+-", cell.strip())]
+    raise ValueError(f"{tox_ini}: no 'full' label")
 
 
 def allowed_to_fail(tox_ini: str) -> List[str]:
@@ -75,9 +84,14 @@ def matrix(tox_ini: str) -> str:
     for cell in cells_of(tox_ini):
         digits = re.match(r"py(\d)(\d+)", cell)
         if digits is None:
-            raise ValueError("{}: cell {} does not start with its Python (py37, py310, ...)".format(tox_ini, cell))
-        jobs.append({"env": cell, "python": "{}.{}".format(*digits.groups()),
-                     "allowed_to_fail": _may_fail(cell, allowed)})
+            raise ValueError(f"{tox_ini}: cell {cell} does not start with its Python (py37, py310, ...)")
+        jobs.append(
+            {
+                "env": cell,
+                "python": "{}.{}".format(*digits.groups()),
+                "allowed_to_fail": _may_fail(cell, allowed),
+            }
+        )
     return json.dumps({"include": jobs})
 
 
@@ -100,21 +114,25 @@ def not_applicable(mode: str, other: Optional[Run]) -> str:
 def mode_cell(run: Optional[Run], mode: str, other: Optional[Run]) -> str:
     if run is None:
         return not_applicable(mode, other)
-    counts = "{} / {} / {}".format(run.passed, run.failed, run.skipped)
+    counts = f"{run.passed} / {run.failed} / {run.skipped}"
     if mode == "eager" and run.properties.get("train_step") == "False":
-        return "refused (UnsupportedModelError): no train_step; refusal test {} passed / {} failed".format(run.passed, run.failed)
+        refusal = f"refusal test {run.passed} passed / {run.failed} failed"
+        return f"refused (UnsupportedModelError): no train_step; {refusal}"
     return counts
 
 
 def table(results: str, tox_ini: str) -> Tuple[str, bool]:
     """The Markdown table and whether every cell not allowed to fail passed in each of its modes."""
     allowed = allowed_to_fail(tox_ini)
-    rows = ["| cell | TF | Keras | eager | graph | largest parity diff | seconds |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| cell | TF | Keras | eager | graph | largest parity diff | seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
     commits, stamps, ok = set(), [], True
     for cell in cells_of(tox_ini):
         runs = {}
         for mode in MODES:
-            path = os.path.join(results, "{}-{}.xml".format(cell, mode))
+            path = os.path.join(results, f"{cell}-{mode}.xml")
             runs[mode] = read_run(path) if os.path.exists(path) else None
         eager = mode_cell(runs["eager"], "eager", runs["graph"])
         graph = mode_cell(runs["graph"], "graph", runs["eager"])
@@ -127,27 +145,32 @@ def table(results: str, tox_ini: str) -> Tuple[str, bool]:
         properties = present[0].properties if present else {}
         flavour = properties.get("flavour", "?")
         keras = "{} {}".format(FLAVOURS.get(flavour, flavour), properties.get("keras", "")).strip()
-        differences = [float(run.properties["largest_parity_difference"]) for run in present
-                       if run.properties.get("largest_parity_difference")]
-        rows.append("| {}{} | {} | {} | {} | {} | {} | {:.0f} |".format(
-            cell, " (allowed to fail)" if may_fail else "", properties.get("tensorflow", "?"), keras, eager, graph,
-            "{:.1e}".format(max(differences)) if differences else "-", sum(run.seconds for run in present)))
+        differences = [
+            float(run.properties["largest_parity_difference"])
+            for run in present
+            if run.properties.get("largest_parity_difference")
+        ]
+        rows.append(
+            "| {}{} | {} | {} | {} | {} | {} | {:.0f} |".format(
+                cell,
+                " (allowed to fail)" if may_fail else "",
+                properties.get("tensorflow", "?"),
+                keras,
+                eager,
+                graph,
+                f"{max(differences):.1e}" if differences else "-",
+                sum(run.seconds for run in present),
+            )
+        )
     stamps.sort()
-    when = "unknown" if not stamps else stamps[0] if stamps[0] == stamps[-1] else "{} to {}".format(stamps[0], stamps[-1])
-    footer = ("Passed / failed / skipped tests per mode and the suite's seconds per cell, from `tox -m full` on {}, "
-              "commit {}; written by `python tools/compat_table.py`.").format(when, ", ".join(sorted(commits)) or "unknown")
+    when = (
+        "unknown" if not stamps else stamps[0] if stamps[0] == stamps[-1] else f"{stamps[0]} to {stamps[-1]}"
+    )
+    footer = (
+        "Passed / failed / skipped tests per mode and the suite's seconds per cell, "
+        "from `tox -m full` on {}, commit {}; written by `python tools/compat_table.py`."
+    ).format(when, ", ".join(sorted(commits)) or "unknown")
     return "\n".join(rows + ["", footer]), ok
-
-
-def replace_between_markers(readme: str, text: str) -> None:
-    with open(readme) as handle:
-        content = handle.read()
-    start, stop = content.find(BEGIN), content.find(END)
-    if start < 0 or stop < start:
-        raise SystemExit("{}: no {} ... {} markers".format(readme, BEGIN, END))
-    content = content[: start + len(BEGIN)] + "\n" + text + "\n" + content[stop:]
-    with open(readme, "w") as handle:
-        handle.write(content)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -156,14 +179,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--results", default=os.path.join(root, ".tox", "results"))
     parser.add_argument("--tox", default=os.path.join(root, "tox.ini"))
     parser.add_argument("--readme", help="write the table into this README between its markers")
-    parser.add_argument("--matrix", action="store_true", help="print the cells as a GitHub Actions matrix and exit")
+    parser.add_argument(
+        "--matrix", action="store_true", help="print the cells as a GitHub Actions matrix and exit"
+    )
     args = parser.parse_args(argv)
     if args.matrix:
         print(matrix(args.tox))
         return 0
     text, ok = table(args.results, args.tox)
     if args.readme:
-        replace_between_markers(args.readme, text)
+        replace_between_markers(args.readme, "compat-table", text)
     else:
         print(text)
     if not ok:

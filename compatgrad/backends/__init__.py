@@ -8,12 +8,15 @@
 
 The engines import TensorFlow; this module does not, and imports an engine only once a model needs it.
 """
+
 import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from .. import versions
+from .._types import Model, Tensor
+from ..arguments import Batch
 from ..detect import Flavour, keras3_backend
 from ..errors import ModeError, UnsupportedModelError
-from ..inputs import Batch
 
 try:
     from typing import Protocol
@@ -38,7 +41,7 @@ class Result(NamedTuple):
     eager tensors that the front door reads only when it needs them)."""
 
     grads: List[Optional[Any]]
-    loss: Any
+    loss: Tensor
     loss_scale: Any
     applies_update: bool = True  # False where the optimizer only accumulates this step's gradients
 
@@ -52,19 +55,19 @@ Step = Callable[..., StepOutput]
 class Engine(Protocol):
     """What an engine module provides."""
 
-    def gradients(self, model: Any, flavour: Flavour, request: Request, batch: Batch) -> Result:
+    def gradients(self, model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
         """The gradients of one batch, as the model's training step would apply them."""
 
-    def build(self, model: Any, flavour: Flavour, batch: Batch) -> None:
+    def build(self, model: Model, flavour: Flavour, batch: Batch) -> None:
         """Build an unbuilt model from its first batch, as its training step would."""
 
 
 class EagerEngine(Engine, Protocol):
-    def traced_step(self, model: Any, flavour: Flavour, request: Request, arity: int) -> Step:
+    def traced_step(self, model: Model, flavour: Flavour, request: Request, arity: int) -> Step:
         """The compiled step (not for custom train steps), for loops that stay in the graph."""
 
 
-def engine_for(model: Any, flavour: Flavour) -> Engine:
+def engine_for(model: Model, flavour: Flavour) -> Engine:
     """The engine for this flavour in the current mode; raises where no engine can match the step.
 
     Only a supported (flavour, mode) pair is remembered, so a refusal is explained every time.
@@ -80,7 +83,7 @@ def engine_for(model: Any, flavour: Flavour) -> Engine:
 _ENGINES: Dict[Tuple[Flavour, bool], Engine] = {}
 
 
-def _choose(model: Any, flavour: Flavour, eager: bool) -> Engine:
+def _choose(model: Model, flavour: Flavour, eager: bool) -> Engine:
     if flavour.name == "keras3":
         return _keras3(flavour)
     if flavour.graph and not eager:
@@ -90,9 +93,10 @@ def _choose(model: Any, flavour: Flavour, eager: bool) -> Engine:
     if flavour.graph:
         if flavour.name == "keras":
             raise UnsupportedModelError("model: standalone Keras is supported in graph mode (TF 1.x) only")
-        if hasattr(model, "train_step"):  # a training_v1 model: built while eager execution was disabled
+        if versions.has_train_step(model):  # a training_v1 model: built while eager execution was disabled
             raise ModeError(
-                "model: built in graph mode, but eager execution is on now; build and use the model in one mode"
+                "model: built in graph mode, but eager execution is on now; "
+                "build and use the model in one mode"
             )
         raise UnsupportedModelError(
             "model: this Keras has no train_step (TF < 2.2), so only its graph mode can be matched; "
@@ -112,7 +116,7 @@ def _keras3(flavour: Flavour) -> Engine:
     name = keras3_backend(flavour.root)
     if name != "tensorflow":
         raise UnsupportedModelError(
-            "model: expected a Keras 3 model on the TensorFlow backend, got the {!r} backend".format(name)
+            f"model: expected a Keras 3 model on the TensorFlow backend, got the {name!r} backend"
         )
     import tensorflow as tf
 
@@ -128,7 +132,6 @@ def _keras3(flavour: Flavour) -> Engine:
 
 
 def _raise_not_eager(graph_mode_message: str) -> None:
-    tf = sys.modules["tensorflow"]
-    if getattr(tf.compat.v1, "executing_eagerly_outside_functions", lambda: False)():
+    if versions.executing_eagerly_outside_functions():
         raise ModeError("get_gradients returns numpy arrays, so it cannot run inside a tf.function")
     raise ModeError(graph_mode_message)

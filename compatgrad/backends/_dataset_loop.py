@@ -7,13 +7,16 @@ float64 sum would double the memory traffic of the sum, a fifth of a small model
 digits a float32 gradient does not have), which the next chunk takes in: memory stays one batch
 plus one set of sums. The progress bar moves once a chunk.
 """
-from typing import Any, List, Optional, Sequence
+
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from .. import versions
 from .._cache import cached
+from .._types import Model, Tensor, Variable
+from ..arguments import output_names, per_output
 from ..data import Sums
-from ..inputs import output_names, per_output
 from . import Step
 
 # Batches per call: the call costs a few hundred microseconds, a fiftieth of 16 small batches,
@@ -22,7 +25,7 @@ CHUNK = 16
 
 
 def sums(
-    model: Any,
+    model: Model,
     step: Step,
     variables: Sequence[Any],
     dataset: Any,
@@ -69,7 +72,9 @@ class Chunk:
         self.unconnected: List[int] = []  # variables without a gradient, known once traced
         self.run = tf.function(self._run)
 
-    def _run(self, iterator: Any, size: Any, totals: List[Any], loss: Any, examples: Any, loss_scale: Any) -> tuple:
+    def _run(
+        self, iterator: Any, size: Any, totals: List[Any], loss: Tensor, examples: Any, loss_scale: Any
+    ) -> Tuple[List[Tensor], Tensor, Tensor, Tensor, Tensor]:
         count = tf.constant(0)
         for _ in tf.range(size):
             element = _next_as_optional(iterator)
@@ -82,7 +87,10 @@ class Chunk:
             batch_size = tf.shape(tf.nest.flatten(x)[0], out_type=tf.int64)[0]
             weight = tf.constant(1.0, tf.float64) if self.summed else tf.cast(batch_size, tf.float64)
             self.unconnected[:] = [i for i, g in enumerate(grads) if g is None]
-            totals = [t if g is None else t + tf.cast(weight, t.dtype) * tf.cast(g, t.dtype) for t, g in zip(totals, grads)]
+            totals = [
+                t if g is None else t + tf.cast(weight, t.dtype) * tf.cast(g, t.dtype)
+                for t, g in zip(totals, grads)
+            ]
             loss += weight * tf.cast(batch_loss, tf.float64)
             examples += batch_size
             loss_scale = tf.cast(loss_scale, tf.float64)
@@ -90,13 +98,13 @@ class Chunk:
         return totals, loss, examples, loss_scale, count
 
 
-def _sum_dtype(variable: Any) -> Any:
+def _sum_dtype(variable: Variable) -> Any:
     dtype = tf.as_dtype(variable.dtype)
     return tf.float64 if dtype == tf.float64 else tf.float32
 
 
 def _next_as_optional(iterator: Any) -> Any:
-    """The iterator's next element as a ``tf.experimental.Optional`` (TF 2.2: a function, after: a method)."""
-    method = getattr(iterator, "get_next_as_optional", None)
-    return method() if method is not None else tf.data.experimental.get_next_as_optional(iterator)
-
+    """The iterator's next element as a ``tf.experimental.Optional``."""
+    if versions.has_get_next_as_optional(iterator):
+        return iterator.get_next_as_optional()
+    return tf.data.experimental.get_next_as_optional(iterator)

@@ -1,10 +1,13 @@
 """The forward pass of an eager step: the model itself, or its extraction view when tensors are wanted."""
+
 from typing import Any, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from .. import versions
+from .._types import Model
 from ..detect import model_class
-from ..targets import extraction_view, output_structure
+from ..sources import extraction_view, output_structure
 
 
 class Forward:
@@ -14,10 +17,14 @@ class Forward:
     inputs are watched, so a tensor that depends on no trainable variable still gets a gradient.
     """
 
-    def __init__(self, model: Any, tensors: Sequence[Any]):
+    def __init__(self, model: Model, tensors: Sequence[Any]):
         self.count = len(tensors)
         self.outputs = output_structure(model) if tensors else None
-        self.view = extraction_view(model, model_class(model), tuple(tensors), tf.nest.flatten(self.outputs)) if tensors else None
+        self.view = (
+            extraction_view(model, model_class(model), tuple(tensors), tf.nest.flatten(self.outputs))
+            if tensors
+            else None
+        )
 
     def tape(self, params: Sequence[Any], x: Any) -> tf.GradientTape:
         """The step's tape: Keras' own, which watches every variable read, unless only tensors are wanted.
@@ -30,10 +37,9 @@ class Forward:
         watch_variables = bool(params) or self.view is None or not all(t.dtype.is_floating for t in leaves)
         return tf.GradientTape(watch_accessed_variables=watch_variables)
 
-    def __call__(self, model: Any, tape: tf.GradientTape, x: Any, training: bool) -> Tuple[List[Any], Any]:
+    def __call__(self, model: Model, tape: tf.GradientTape, x: Any, training: bool) -> Tuple[List[Any], Any]:
         if self.view is None:
-            takes_training = getattr(model, "_call_has_training_arg", True)  # Keras 3 models may not take it
-            return [], model(x, training=training) if takes_training else model(x)
+            return [], model(x, training=training) if versions.call_takes_training(model) else model(x)
         tape.watch([t for t in tf.nest.flatten(x) if t.dtype.is_floating])
         flat = list(self.view(x, training=training))
-        return flat[: self.count], tf.nest.pack_sequence_as(self.outputs, flat[self.count:])
+        return flat[: self.count], tf.nest.pack_sequence_as(self.outputs, flat[self.count :])

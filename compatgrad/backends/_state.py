@@ -1,18 +1,21 @@
 """Undo what a gradient step writes besides gradients, inside the traced step itself."""
+
 from typing import Any, List
 
 import tensorflow as tf
 
-# Where a layer keeps the layers it wraps when it has no ``_flatten_layers`` (TF 1.x tf.keras,
-# standalone Keras): models, wrappers (TimeDistributed), Bidirectional's two directions.
+from .. import versions
+from .._types import Model
+
+# Where a layer keeps the layers it wraps where it does not list them itself (versions.flattens_layers):
+# models, wrappers (TimeDistributed), Bidirectional's two directions.
 _SUBLAYER_ATTRIBUTES = ("_layers", "layers", "layer", "forward_layer", "backward_layer")
 
 
-def _all_layers(model: Any) -> List[Any]:
+def _all_layers(model: Model) -> List[Any]:
     """The model and every layer inside it, nested models and wrapped layers included, each once."""
-    flatten = getattr(model, "_flatten_layers", None)
-    if callable(flatten):  # tf.keras 2.x, tf_keras, Keras 3
-        return list(flatten(include_self=True, recursive=True))
+    if versions.flattens_layers(model):
+        return list(model._flatten_layers(include_self=True, recursive=True))
     found, seen, pending = [], set(), [model]
     while pending:
         layer = pending.pop()
@@ -27,7 +30,7 @@ def _all_layers(model: Any) -> List[Any]:
     return found
 
 
-def layer_states(model: Any) -> List[Any]:
+def layer_states(model: Model) -> List[Any]:
     """The state variables of every stateful layer of ``model`` (nested layers included), each once.
 
     Stateful RNNs (``stateful=True``: LSTM, GRU, SimpleRNN, ConvLSTM, RNN, Bidirectional over them)
@@ -57,7 +60,7 @@ class PreservedState:
     container builds lazily) did not exist before it, so they are reset to their fresh state.
     """
 
-    def __init__(self, model: Any, training: bool):
+    def __init__(self, model: Model, training: bool):
         self.model = model
         # Only a training-mode forward pass writes non-trainable variables (BatchNormalization, seeds);
         # any forward pass advances a stateful RNN's states.
@@ -77,5 +80,4 @@ class PreservedState:
             variable.assign(value)
         for metric in self.model.metrics:
             if id(metric) not in self.metrics:
-                reset = getattr(metric, "reset_state", None) or metric.reset_states  # reset_states before TF 2.5
-                reset()
+                versions.metric_reset(metric)()

@@ -3,9 +3,13 @@
 Keras 2 (graph and eager, through ``apply_gradients``): scale -> gradient -> unscale -> aggregate -> clip.
 Keras 3 (``BaseOptimizer.apply``): scale -> gradient -> unscale -> clip -> aggregate.
 """
+
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
+
+from .. import versions
+from .._types import Tensor, Variable
 
 Gradient = Callable[[Any, List[Any]], List[Any]]  # (loss, variables) -> gradients, None where unconnected
 Pairs = List[Tuple[Any, Any]]
@@ -22,7 +26,10 @@ class Steps:
     inner: Any  # the optimizer that aggregates and clips (inside a LossScaleOptimizer)
     clips: bool  # whether the optimizer clips at all
 
-    def scale(self, loss: Any) -> Any:
+    def __init__(self, optimizer: Any):
+        self.optimizer = optimizer
+
+    def scale(self, loss: Tensor) -> Any:
         raise NotImplementedError
 
     def loss_scale(self) -> Any:
@@ -48,7 +55,7 @@ class Steps:
         """``pairs`` hold every trainable variable the optimizer updates (a global norm needs them all)."""
         raise NotImplementedError
 
-    def build(self, variables: List[Any]) -> None:
+    def build(self, variables: List[Variable]) -> None:
         """Create the optimizer's variables for ``variables`` as its apply does, outside the traced step."""
         raise NotImplementedError
 
@@ -66,11 +73,13 @@ class Steps:
         grads = self.unscale_in_apply([g for g, _ in pairs])
         every = range(len(pairs))
         clipped = every if clip and self.clips and self.clips_in_apply else ()
-        return self.transform([(g, v) for g, (_, v) in zip(grads, pairs)], every if aggregate else (), clipped)
+        return self.transform(
+            [(g, v) for g, (_, v) in zip(grads, pairs)], every if aggregate else (), clipped
+        )
 
     def gradients(
         self,
-        scaled_loss: Any,
+        scaled_loss: Tensor,
         variables: Sequence[Any],
         trainable: Sequence[Any],
         gradient: Gradient,
@@ -91,12 +100,14 @@ class Steps:
         if clip and self.clips and variables:  # the global norm of what is returned needs them all
             wrt += [v for v in trainable if id(v) not in wanted]
         grads = self.unscale(list(gradient(scaled_loss, wrt + list(tensors))))
-        tensor_grads, grads = grads[len(wrt):], grads[: len(wrt)]
+        tensor_grads, grads = grads[len(wrt) :], grads[: len(wrt)]
 
         present = [i for i, g in enumerate(grads) if g is not None]
         trainable_ids = {id(v) for v in trainable}
         # Only what the optimizer updates is clipped; every gradient is summed across replicas.
-        updated = [k for k, i in enumerate(present) if id(wrt[i]) in trainable_ids] if clip and self.clips else []
+        updated = (
+            [k for k, i in enumerate(present) if id(wrt[i]) in trainable_ids] if clip and self.clips else []
+        )
         transformed = self.transform([(grads[i], wrt[i]) for i in present], range(len(present)), updated)
         for i, g in zip(present, transformed):
             grads[i] = g
@@ -115,36 +126,34 @@ def _on(stage: Callable[[Pairs], List[Any]], pairs: Pairs, indices: Sequence[int
     return pairs
 
 
-_KERAS2_CLIP_SETTINGS = ("clipnorm", "clipvalue", "global_clipnorm", "_clipnorm", "_clipvalue", "_global_clipnorm", "gradient_transformers")
-
-
 class Keras2Steps(Steps):
     apply_method = "apply_gradients"  # minimize calls it
 
     def __init__(self, optimizer: Any):
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         # LossScaleOptimizer (experimental, legacy and V3) all have these two methods.
         self.scales = hasattr(optimizer, "get_scaled_loss") and hasattr(optimizer, "get_unscaled_gradients")
-        inner = getattr(optimizer, "inner_optimizer", None) or getattr(optimizer, "_optimizer", None)
+        inner = versions.loss_scale_inner(optimizer)
         self.inner = inner if self.scales and inner is not None else optimizer
-        self.clips = any(getattr(self.inner, name, None) for name in _KERAS2_CLIP_SETTINGS)
-        # apply_gradients clips in OptimizerV2 from TF 2.4 (_transform_gradients) and in
-        # optimizer.Optimizer (2.9+, aggregate_gradients); before, only get_gradients and the train
-        # step's own _minimize clip, so a custom step's apply_gradients applies its gradients unclipped.
-        self.clips_in_apply = hasattr(self.inner, "_transform_gradients") or hasattr(self.inner, "aggregate_gradients")
+        self.clips = versions.keras2_clips(self.inner)
+        # Where apply_gradients does not clip, only get_gradients and the library's own train step do:
+        # a custom step's apply_gradients then applies its gradients unclipped.
+        self.clips_in_apply = versions.has_transform_gradients(
+            self.inner
+        ) or versions.has_aggregate_gradients(self.inner)
 
-    def scale(self, loss: Any) -> Any:
+    def scale(self, loss: Tensor) -> Any:
         return self.optimizer.get_scaled_loss(loss) if self.scales else loss
 
     def unscale_in_apply(self, grads: List[Any]) -> List[Any]:
         return grads  # minimize and the LossScaleOptimizer API unscale before apply_gradients
 
-    def build(self, variables: List[Any]) -> None:
+    def build(self, variables: List[Variable]) -> None:
         inner = self.inner
         with tf.init_scope():
-            if hasattr(inner, "_create_all_weights"):  # OptimizerV2, TF >= 2.4
+            if versions.has_create_all_weights(inner):
                 inner._create_all_weights(variables)
-            elif hasattr(inner, "_create_slots"):  # OptimizerV2, TF 2.2-2.3
+            elif versions.has_create_slots(inner):
                 _ = inner.iterations
                 inner._create_hypers()
                 inner._create_slots(variables)
@@ -152,10 +161,9 @@ class Keras2Steps(Steps):
                 inner.build(variables)
 
     def state(self) -> List[Any]:
-        variables = self.inner.variables  # a method of OptimizerV2, a property of optimizer.Optimizer
-        found = list(variables() if callable(variables) else variables)
+        found = versions.optimizer_variables(self.inner)
         # A LossScaleOptimizer's scale and good-step counter: its own attributes (V3) or its state's.
-        holders = [self.optimizer, getattr(self.optimizer, "_loss_scale", None)] if self.scales else []
+        holders = [self.optimizer, versions.loss_scale_state(self.optimizer)] if self.scales else []
         for holder in filter(None, holders):
             found += [v for v in vars(holder).values() if isinstance(v, tf.Variable)]
         return found
@@ -173,24 +181,23 @@ class Keras2Steps(Steps):
         inner = self.inner
         if not tf.distribute.has_strategy():  # one replica: the sum over replicas is the gradient itself
             return [g for g, _ in pairs]
-        if hasattr(inner, "aggregate_gradients"):  # optimizer.Optimizer, Keras >= 2.11
+        if versions.has_aggregate_gradients(inner):
             return [g for g, _ in inner.aggregate_gradients(pairs)]
-        if hasattr(inner, "_transform_unaggregated_gradients"):  # OptimizerV2, TF >= 2.4
+        if versions.has_transform_unaggregated_gradients(inner):
             pairs = inner._transform_unaggregated_gradients(pairs)
-        if not getattr(inner, "_HAS_AGGREGATE_GRAD", False):  # TF 1.x, standalone Keras
+        if not versions.has_aggregate_grad(inner):
             return [g for g, _ in pairs]
-        aggregated = list(inner._aggregate_gradients(pairs))
-        return [g[0] if isinstance(g, tuple) else g for g in aggregated]  # TF 2.2-2.3 return bare gradients
+        return versions.aggregated_gradients(inner._aggregate_gradients(pairs))
 
     def clip(self, pairs: Pairs) -> List[Any]:
         inner, grads = self.inner, [g for g, _ in pairs]
-        if hasattr(inner, "_transform_gradients"):  # OptimizerV2, TF >= 2.4: clipvalue, clipnorm, global_clipnorm
+        if versions.has_transform_gradients(inner):
             return [g for g, _ in inner._transform_gradients(list(pairs))]
-        if hasattr(inner, "_clip_gradients"):  # optimizer.Optimizer (2.11+) and OptimizerV2 in TF 2.2-2.3
+        if versions.has_clip_gradients(inner):
             return list(inner._clip_gradients(grads))
-        if type(inner).__module__.split(".")[0] == "keras":  # standalone Keras 2.2/2.3: a global norm
+        if versions.is_standalone_keras_optimizer(inner):
             return _standalone_keras_clip(inner, grads)
-        # OptimizerV2.get_gradients of TF 1.x-2.1: per-tensor clipnorm, then clipvalue.
+        # OptimizerV2.get_gradients of TF 1.x-2.1: per-tensor clipnorm, then clipvalue (set only where given).
         if hasattr(inner, "clipnorm"):
             grads = [tf.clip_by_norm(g, inner.clipnorm) for g in grads]
         if hasattr(inner, "clipvalue"):
@@ -216,27 +223,28 @@ class Keras3Steps(Steps):
     clips_in_apply = True
 
     def __init__(self, optimizer: Any):
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         self.inner = getattr(optimizer, "inner_optimizer", optimizer)
-        # Keras < 3.5 calls _all_reduce_sum_gradients inside merge_call, where it does nothing: each
-        # replica applies its own gradient. Told by what the update step itself calls.
-        update_step = getattr(type(self.inner), "_backend_update_step", None)
-        self.all_reduce = update_step is None or "_all_reduce_sum_gradients" in update_step.__code__.co_names
-        # Under gradient accumulation (k steps) later Keras 3 clip only the mean they apply every k
-        # steps, in _backend_apply_gradients; 3.3 clips in apply, each batch's gradient as it accumulates it.
-        clips_the_mean = "_clip_gradients" in type(self.inner)._backend_apply_gradients.__code__.co_names
+        self.all_reduce = versions.sums_across_replicas(self.inner)
         clips = any(getattr(self.inner, name, None) for name in ("clipnorm", "global_clipnorm", "clipvalue"))
-        self.clips = clips and not (accumulation_steps(optimizer) and clips_the_mean)
+        # Under gradient accumulation, where only the mean applied every k-th step is clipped, no batch's
+        # gradient is.
+        self.clips = clips and not (
+            accumulation_steps(optimizer) and versions.clips_accumulated_mean(self.inner)
+        )
 
-    def scale(self, loss: Any) -> Any:
+    def scale(self, loss: Tensor) -> Any:
         return self.optimizer.scale_loss(loss)
 
     def loss_scales(self) -> List[Any]:
-        """What ``apply`` divides gradients by: the LossScaleOptimizer's dynamic scale, the inner loss_scale_factor."""
+        """What ``apply`` divides gradients by: a LossScaleOptimizer's dynamic scale, the inner
+        optimizer's loss_scale_factor."""
         scales = []
         if self.inner is not self.optimizer:
             # Before it is built, the scale in force is the initial one (so scale_loss says).
-            scales.append(self.optimizer.dynamic_scale if self.optimizer.built else self.optimizer.initial_scale)
+            scales.append(
+                self.optimizer.dynamic_scale if self.optimizer.built else self.optimizer.initial_scale
+            )
         if self.inner.loss_scale_factor is not None:
             scales.append(self.inner.loss_scale_factor)
         return scales
@@ -244,7 +252,7 @@ class Keras3Steps(Steps):
     def unscale_in_apply(self, grads: List[Any]) -> List[Any]:
         return self.unscale(grads)  # apply divides by the scales whatever the step did
 
-    def build(self, variables: List[Any]) -> None:
+    def build(self, variables: List[Variable]) -> None:
         if not self.optimizer.built:
             with tf.init_scope():
                 self.optimizer.build(variables)

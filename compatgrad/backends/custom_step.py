@@ -11,6 +11,7 @@ weight changed by anything but a wrapped optimizer (a direct ``assign``, an opti
 does not hold) would make the answer wrong: its value is compared, and the call raises. Under a
 strategy the step runs on every replica, each recording on its own (``Interceptor``).
 """
+
 import contextlib
 import threading
 import weakref
@@ -18,12 +19,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 import tensorflow as tf
 
-from .. import _paths
+from .. import _paths, versions
 from .._cache import cached
+from .._types import Model, ModelRef, Variable
+from ..arguments import name_of
 from ..arrays import to_numpy
 from ..data import is_distributed
 from ..errors import InvalidArgumentError, UnsupportedModelError
-from ..inputs import name_of
 from . import Request, Result
 from ._distribute import split_batch, strategy_of
 from ._state import PreservedState
@@ -32,7 +34,7 @@ from ._steps import Steps
 StepOutput = Tuple[List[Any], Any, Any]  # (gradients, loss, loss scale)
 
 
-def optimizers_of(model: Any) -> List[Any]:
+def optimizers_of(model: Model) -> List[Any]:
     """``model.optimizer``, then every optimizer among the model's attributes, each once."""
     found = [model.optimizer]
     for value in vars(model).values():
@@ -42,12 +44,12 @@ def optimizers_of(model: Any) -> List[Any]:
     return found
 
 
-def gradients(model: Any, steps_class: Type[Steps], request: Request, data: Any) -> Result:
+def gradients(model: Model, steps_class: Type[Steps], request: Request, data: Any) -> Result:
     """``data``: the batch packed as ``fit`` hands it to the step (``x`` alone, ``(x, y)`` or ``(x, y,
     sample_weight)``), and split across a strategy's replicas as ``fit`` splits it."""
     key = (
         "custom step",
-        tuple(map(id, request.params)),
+        tuple(map(id, request.variables)),
         tuple(map(id, request.tensors)),
         request.clip,
         request.sparse,
@@ -64,7 +66,7 @@ def gradients(model: Any, steps_class: Type[Steps], request: Request, data: Any)
 
 
 def _build(
-    model_ref: "weakref.ref",
+    model_ref: ModelRef,
     steps_class: Type[Steps],
     request: Request,
     strategy: Optional[Any],
@@ -94,7 +96,7 @@ def _build(
             watched[:] = list(model.trainable_variables) + late
             changed = [recorder.changed(v) for v in watched]
             preserved.restore()
-            grads = [recorder.grads.get(id(p)) for p in request.params]
+            grads = [recorder.grads.get(id(p)) for p in request.variables]
             saved = [value for _, value in recorder.saved.values()]
             return grads, recorder.loss_scale(), tf.stack(changed or [False]), saved
 
@@ -103,7 +105,7 @@ def _build(
         with interceptor.wrapping(optimizers_of(model)):
             grads, loss_scale, changed, saved = run_on.run(replica_step, args=(data,))
 
-        def first(value: Any) -> Any:  # the first replica's (Keras 3.0-3.4 do not sum: each has its own)
+        def first(value: Any) -> Any:  # the first replica's (they may differ: versions.sums_across_replicas)
             return None if value is None else run_on.experimental_local_results(value)[0]
 
         written = [v for v, _ in interceptor.saved()]
@@ -174,8 +176,7 @@ class Interceptor:
             else:  # apply_gradients(grads_and_vars, name=None, experimental_aggregate_gradients=True)
                 grads_and_vars = pairs = list(grads_and_vars)
             # Keras 2 steps that sum across replicas themselves say so (OptimizerV2 / optimizer.Optimizer).
-            aggregate = kwargs.get("experimental_aggregate_gradients", True)
-            aggregate = aggregate and not kwargs.get("skip_gradients_aggregation", False)
+            aggregate = versions.apply_call_sums(kwargs)
             recorder = self.recorder()
             recorder.record(steps, [(g, v) for g, v in pairs if g is not None], aggregate)
             result = original(grads_and_vars, *args, **kwargs)
@@ -203,8 +204,9 @@ class Recorder:
         for v in variables:
             if id(v) in self.grads:
                 error = UnsupportedModelError(
-                    "model.train_step: applies a gradient to {} twice in one step; compatgrad returns one "
-                    "gradient per variable, so it cannot say which update the step makes".format(name_of(v)))
+                    f"model.train_step: applies a gradient to {name_of(v)} twice in one step; compatgrad "
+                    "returns one gradient per variable, so it cannot say which update the step makes"
+                )
                 error.ag_pass_through = True  # type: ignore[attr-defined]  # autograph re-raises it as it is
                 raise error
         steps.build(variables)
@@ -217,7 +219,7 @@ class Recorder:
         for (_, v), g in zip(pairs, steps.applied(pairs, self.clip, aggregate)):
             self.grads[id(v)] = g
             self.applied.append(v)
-        self.scales.append(steps.scale(tf.ones([])))
+        self.scales.append(steps.loss_scale())
 
     def changed(self, v: Any) -> Any:
         """Whether ``v`` ends the step other than as its optimizer left it (or as it began, if none did)."""
@@ -230,7 +232,7 @@ class Recorder:
         return self.scales[0] if self.scales else tf.constant(1.0)
 
 
-def _differs(variable: Any, value: Any) -> Any:
+def _differs(variable: Variable, value: Any) -> Any:
     """Whether the variable now holds anything else than ``value`` (NaN equal to NaN)."""
     now = tf.identity(variable)
     differs = tf.not_equal(now, value)
@@ -238,5 +240,3 @@ def _differs(variable: Any, value: Any) -> Any:
         both_nan = tf.logical_and(tf.math.is_nan(now), tf.math.is_nan(value))
         differs = tf.logical_and(differs, tf.logical_not(both_nan))
     return tf.reduce_any(differs)
-
-

@@ -1,31 +1,32 @@
-"""Graph backend: the gradients of ``model.total_loss``, run in the model's session as ``K.function`` runs them.
+"""Graph engine: the gradients of ``model.total_loss``, run in the model's session as ``K.function`` does.
 
 For standalone Keras 2.2/2.3, tf.keras on TF 1.x, and tf.keras / tf_keras v1 models built after
 ``tf.compat.v1.disable_eager_execution()``. Inputs go through the model's own
 ``_standardize_user_data`` (so class weights, dict inputs and sample weights mean what they
 mean to ``train_on_batch``), and the function is fed exactly the model's feed lists.
 """
+
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
-import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from .. import _paths
+from .. import _paths, versions
 from .._cache import cached
+from .._types import Model, ModelRef
+from ..arguments import Batch
 from ..arrays import SparseGradient, is_sparse, static_shape
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, ModeError, UnsupportedModelError
-from ..inputs import Batch
 from . import Request, Result
 from ._steps import Keras2Steps
 
 
-def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
-    batch, training, class_weight = request.batch, request.training, request.class_weight
+def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
+    training, class_weight = request.training, request.class_weight
     # Before anything below touches the model: a weighted batch adds sample-weight feeds.
-    if not hasattr(model.optimizer, "get_updates"):
+    if not versions.has_get_updates(model.optimizer):
         raise ModeError(
             "model.optimizer: graph mode trains through get_updates, which only the legacy optimizers have; "
             "compile with tf.keras.optimizers.legacy.{0} (got {1}.{0})".format(
@@ -35,36 +36,54 @@ def gradients(model: Any, flavour: Flavour, request: Request) -> Result:
         )
     plain = flavour.name != "keras" and class_weight is None and batch.sample_weight is None
     fitting = _fitting_arrays(model, batch) if plain else None
-    xs, ys, sample_weights = (fitting[0], fitting[1], None) if fitting else _standardize(model, batch, class_weight)
+    sample_weights: List[Any]
+    if fitting:
+        xs, ys, sample_weights = fitting[0], fitting[1], []
+    else:
+        xs, ys, sample_weights = _standardize(model, batch, class_weight)
     weighted = any(w is not None for w in sample_weights or [])
-    if weighted and hasattr(model, "_training_endpoints"):
+    if weighted and versions.training_endpoints(model) is not None:
         _add_sample_weight_feeds(model, flavour, sample_weights)
 
     feeds = list(model._feed_inputs) + list(model._feed_targets)
     values = list(xs) + list(ys)
     if weighted:
         feeds += model._feed_sample_weights
-        endpoints = getattr(model, "_training_endpoints", [])
+        endpoints = versions.training_endpoints(model) or []
         if len(endpoints) == len(sample_weights):  # TF 1.14 gives an output weighted None no placeholder
             sample_weights = [w for e, w in zip(endpoints, sample_weights) if e.sample_weight is not None]
         values += list(sample_weights)
     if len(feeds) != len(values):  # a positional mismatch would feed arrays into the wrong placeholders
-        raise UnsupportedModelError("model: {} feeds but {} values after standardization; please report this model".format(len(feeds), len(values)))
+        raise UnsupportedModelError(
+            f"model: {len(feeds)} feeds but {len(values)} values after standardization; "
+            "please report this model"
+        )
 
-    key = ("graph", tuple(map(id, request.params)), tuple(map(id, request.tensors)), request.clip, request.sparse, tuple(map(id, feeds)))
+    key = (
+        "graph",
+        tuple(map(id, request.variables)),
+        tuple(map(id, request.tensors)),
+        request.clip,
+        request.sparse,
+        tuple(map(id, feeds)),
+    )
     state = (model.total_loss, model.optimizer)
-    kinds, run, phased = cached(model, key, state, lambda: _build(weakref.ref(model), flavour, feeds, request))
+    kinds, run, phased = cached(
+        model, key, state, lambda: _build(weakref.ref(model), flavour, feeds, request)
+    )
     loss, loss_scale, *fetched = run(values + [training] if phased else values)
     return Result(_unpack(kinds, fetched), loss, loss_scale)
 
 
-def build(model: Any, flavour: Flavour, batch: Batch) -> None:
+def build(model: Model, flavour: Flavour, batch: Batch) -> None:
     """Build the model (a subclassed one also compiles its loss) as train_on_batch does: by
     standardizing the batch."""
     _standardize(model, batch, None)
 
 
-def _build(model_ref: "weakref.ref", flavour: Flavour, feeds: List[Any], request: Request) -> tuple:
+def _build(
+    model_ref: ModelRef, flavour: Flavour, feeds: List[Any], request: Request
+) -> Tuple[List[Optional[str]], "SessionRun", bool]:
     """(per gradient: None, "dense" or "sparse"; a ``SessionRun`` fetching loss, loss scale and the
     gradients; whether it is fed the learning phase after ``feeds``).
 
@@ -80,11 +99,20 @@ def _build(model_ref: "weakref.ref", flavour: Flavour, feeds: List[Any], request
         phase = K.learning_phase() if flavour.name == "keras" else K.symbolic_learning_phase()
         phased = not isinstance(phase, int)
         steps = Keras2Steps(model.optimizer)
-        grads = steps.gradients(steps.scale(loss), request.params, model.trainable_weights, K.gradients, request.clip, request.tensors, request.sparse)
+        grads = steps.gradients(
+            steps.scale(loss),
+            request.variables,
+            model.trainable_weights,
+            K.gradients,
+            request.clip,
+            request.tensors,
+            request.sparse,
+        )
         kinds = [None if g is None else "sparse" if is_sparse(g) else "dense" for g in grads]
-        fetches = [loss, steps.scale(tf.ones_like(loss))]
-        for g, kind in zip(grads, kinds):
-            fetches += [g.values, g.indices, g.dense_shape] if kind == "sparse" else [g] if kind else []
+        fetches = [loss, steps.loss_scale()]
+        for g in grads:
+            if g is not None:
+                fetches += [g.values, g.indices, g.dense_shape] if is_sparse(g) else [g]
         return kinds, SessionRun(K.get_session, feeds + [phase] if phased else feeds, fetches), phased
 
 
@@ -118,12 +146,14 @@ class SessionRun:
             options.feed.extend(name for i, name in enumerate(self.feeds) if i not in skipped)
             options.fetch.extend(self.fetches)
             run = self.callables[skipped] = session._make_callable_from_options(options)
-        return run(*(np.asarray(value, dtype) for value, dtype in zip(values, self.dtypes) if value is not None))
+        return run(
+            *(np.asarray(value, dtype) for value, dtype in zip(values, self.dtypes) if value is not None)
+        )
 
 
 def _unpack(kinds: List[Optional[str]], fetched: List[Any]) -> List[Any]:
     values = iter(fetched)
-    grads = []
+    grads: List[Any] = []
     for kind in kinds:
         if kind == "sparse":
             grads.append(SparseGradient.from_parts(next(values), next(values), next(values)))
@@ -132,7 +162,7 @@ def _unpack(kinds: List[Optional[str]], fetched: List[Any]) -> List[Any]:
     return grads
 
 
-def _fitting_arrays(model: Any, batch: Batch) -> Optional[Tuple[List[np.ndarray], List[np.ndarray]]]:
+def _fitting_arrays(model: Model, batch: Batch) -> Optional[Tuple[List[np.ndarray], List[np.ndarray]]]:
     """(xs, ys) when they are arrays of the inputs' dtypes and shapes and the outputs' shapes.
 
     tf.keras' (and tf_keras') standardization passes such arrays through unchanged, with no
@@ -152,7 +182,7 @@ def _fitting_arrays(model: Any, batch: Batch) -> Optional[Tuple[List[np.ndarray]
     return xs, ys
 
 
-def _feed_spec(model: Any) -> Tuple[int, List[Tuple[np.dtype, Tuple[Optional[int], ...]]]]:
+def _feed_spec(model: Model) -> Tuple[int, List[Tuple[np.dtype, Tuple[Optional[int], ...]]]]:
     """(the number of inputs, per input then target: the dtype and shape its array must have, None
     where any size fits); no entries where targets and outputs do not pair up. Once per compile."""
     inputs, targets, outputs = model._feed_inputs, model._feed_targets, model.outputs
@@ -160,12 +190,16 @@ def _feed_spec(model: Any) -> Tuple[int, List[Tuple[np.dtype, Tuple[Optional[int
         return len(inputs), []
     # An input's array has its placeholder's dtype and shape; a target's, its output's shape.
     pairs = list(zip(inputs, inputs)) + list(zip(targets, outputs))
-    return len(inputs), [(placeholder.dtype.as_numpy_dtype, static_shape(like)) for placeholder, like in pairs]
+    return len(inputs), [
+        (placeholder.dtype.as_numpy_dtype, static_shape(like)) for placeholder, like in pairs
+    ]
 
 
-def _standardize(model: Any, batch: Batch, class_weight: Optional[Dict[Any, float]]) -> tuple:
+def _standardize(
+    model: Model, batch: Batch, class_weight: Optional[Dict[Any, float]]
+) -> Tuple[List[Any], List[Any], List[Any]]:
     """The model's own input standardization; it resets the sample-weight modes, so put them back."""
-    endpoints = getattr(model, "_training_endpoints", [])
+    endpoints = versions.training_endpoints(model) or []
     modes = [e.sample_weight_mode for e in endpoints]
     try:
         xs, ys, sample_weights = model._standardize_user_data(
@@ -179,7 +213,7 @@ def _standardize(model: Any, batch: Batch, class_weight: Optional[Dict[Any, floa
     return xs, ys, sample_weights
 
 
-def _add_sample_weight_feeds(model: Any, flavour: Flavour, sample_weights: List[Any]) -> None:
+def _add_sample_weight_feeds(model: Model, flavour: Flavour, sample_weights: List[Any]) -> None:
     """Give the loss sample-weight placeholders, as ``train_on_batch`` does on its first weighted batch.
 
     The model keeps them afterwards (unweighted calls leave them at their default of 1). Its
@@ -198,11 +232,11 @@ def _add_sample_weight_feeds(model: Any, flavour: Flavour, sample_weights: List[
     if recompiles and by_hand:
         name = by_hand[0]
         raise UnsupportedModelError(
-            "model.{0}: expected None or the function Keras built, got {1} installed by hand; this "
-            "weighted batch would give the model sample-weight feeds and recompile its loss, leaving that "
-            "function stale (built on the old loss, fed out of place). Pass sample_weight to get_gradients "
-            "(or train_on_batch) once before installing {0}, or call get_gradients without "
-            "sample_weight".format(name, _describe(getattr(model, name)))
+            f"model.{name}: expected None or the function Keras built, "
+            f"got {_describe(getattr(model, name))} installed by hand; this weighted batch would give "
+            "the model sample-weight feeds and recompile its loss, leaving that function stale (built on "
+            "the old loss, fed out of place). Pass sample_weight to get_gradients (or train_on_batch) "
+            f"once before installing {name}, or call get_gradients without sample_weight"
         )
     model._update_sample_weight_modes(sample_weights=sample_weights)
     if model._recompile_weights_loss_and_weighted_metrics():
@@ -211,7 +245,7 @@ def _add_sample_weight_feeds(model: Any, flavour: Flavour, sample_weights: List[
                 setattr(model, name, None)
 
 
-def _installed_by_hand(model: Any, flavour: Flavour, name: str) -> bool:
+def _installed_by_hand(model: Model, flavour: Flavour, name: str) -> bool:
     """Whether ``model.<name>`` (train_function, test_function) is something other than what Keras built.
 
     Keras' ``_make_train_function`` / ``_make_test_function`` build it as ``K.function(feeds,
@@ -242,6 +276,6 @@ def _installed_by_hand(model: Any, flavour: Flavour, name: str) -> bool:
 def _describe(function: Any) -> str:
     qualname = getattr(function, "__qualname__", None)
     if qualname:
-        return "a {} {}".format(type(function).__name__, qualname)  # "a function train.<locals>.adversarial"
+        return f"a {type(function).__name__} {qualname}"  # "a function train.<locals>.adversarial"
     name = getattr(function, "name", None)
-    return "a {}{}".format(type(function).__name__, " named {!r}".format(name) if name else "")
+    return "a {}{}".format(type(function).__name__, f" named {name!r}" if name else "")

@@ -4,18 +4,20 @@ The batch goes through the version's own data adapter, the loss is ``compute_los
 ``compiled_loss`` with the regularization losses, and the gradients go through the optimizer's
 own scale -> gradient -> unscale -> aggregate -> clip. The step is one cached ``tf.function``.
 """
+
 import weakref
 from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
 
-from .. import _paths
+from .. import _paths, versions
 from .._cache import cached
+from .._types import Model, ModelRef
+from ..arguments import Batch
 from ..arrays import to_numpy
 from ..detect import Flavour
 from ..errors import InvalidArgumentError
-from ..inputs import Batch
 from . import Request, Result, Step, StepOutput, custom_step
 from ._distribute import distributed_step, strategy_of
 from ._forward import Forward
@@ -23,7 +25,7 @@ from ._state import PreservedState
 from ._steps import Keras2Steps
 
 
-def gradients(model: Any, flavour: Flavour, request: Request, batch: Batch) -> Result:
+def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
     class_weight = request.class_weight
     adapter = _paths.load(flavour.root, "data_adapter")
     floatx = _paths.load(flavour.root, "backend").floatx()
@@ -43,9 +45,13 @@ def gradients(model: Any, flavour: Flavour, request: Request, batch: Batch) -> R
     if class_weight:
         targets = (y,) if sample_weight is None else (y, sample_weight)
         try:  # the map function reads the targets' ranks: tensors
-            x, y, sample_weight = adapter._make_class_weight_map_fn(class_weight)(x, *tf.nest.map_structure(tf.convert_to_tensor, targets))
+            x, y, sample_weight = adapter._make_class_weight_map_fn(class_weight)(
+                x, *tf.nest.map_structure(tf.convert_to_tensor, targets)
+            )
         except (ValueError, TypeError, tf.errors.InvalidArgumentError) as error:
-            raise InvalidArgumentError("class_weight", "a dict {class index: weight} for a single-output model", str(error)) from error
+            raise InvalidArgumentError(
+                "class_weight", "a dict {class index: weight} for a single-output model", str(error)
+            ) from error
 
     if flavour.custom_step:
         packed = adapter.pack_x_y_sample_weight(x, y, sample_weight)  # as fit hands the step its batch
@@ -55,7 +61,7 @@ def gradients(model: Any, flavour: Flavour, request: Request, batch: Batch) -> R
     return Result([to_numpy(g) for g in grads], loss, loss_scale)
 
 
-def traced_step(model: Any, flavour: Flavour, request: Request, arity: int) -> Step:
+def traced_step(model: Model, flavour: Flavour, request: Request, arity: int) -> Step:
     """The step as one cached ``tf.function`` of ``(x, y)`` or ``(x, y, sample_weight)`` (``arity``).
 
     It reads the trainable variables when it is traced, as Keras' train function does: a change of
@@ -86,13 +92,13 @@ def traced_step(model: Any, flavour: Flavour, request: Request, arity: int) -> S
     )
 
 
-def build(model: Any, flavour: Flavour, batch: Batch) -> None:
+def build(model: Model, flavour: Flavour, batch: Batch) -> None:
     """Build the model as its train step does on the first batch: by calling it."""
     model(batch.x, training=False)
 
 
 def _build(
-    model_ref: "weakref.ref",
+    model_ref: ModelRef,
     adapter: Any,
     forward: Forward,
     request: Request,
@@ -103,7 +109,7 @@ def _build(
 
     def step(*data: Any) -> StepOutput:  # (x, y) or (x, y, sample_weight), as train_step's data
         model = model_ref()
-        if hasattr(adapter, "expand_1d"):  # train_step of TF 2.2-2.6 expands 1-D arrays
+        if versions.expands_1d(adapter):
             data = adapter.expand_1d(data)
         x, y, sample_weight = adapter.unpack_x_y_sample_weight(data)
         steps = Keras2Steps(model.optimizer)
@@ -127,11 +133,13 @@ def _build(
         return grads, loss, steps.loss_scale()
 
     if strategy is not None:  # as single_batch_iterator: the batch split across the replicas
-        return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), "concat"), arity)
+        return _paths.relaxed_function(
+            distributed_step(strategy, step, len(request.tensors), "concat"), arity
+        )
     return _paths.relaxed_function(step, arity)
 
 
-def _loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:
-    if hasattr(model, "compute_loss"):  # Keras >= 2.8, possibly overridden by the user
+def _loss(model: Model, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:
+    if versions.has_compute_loss(model):  # possibly overridden by the user
         return model.compute_loss(x, y, y_pred, sample_weight)
     return model.compiled_loss(y, y_pred, sample_weight, regularization_losses=model.losses)

@@ -3,19 +3,21 @@
 The loss is ``_compute_loss(..., training=)`` (3.4+) or ``compute_loss``, scaled by the optimizer's
 ``scale_loss``; gradients are unscaled, clipped and aggregated as ``BaseOptimizer.apply`` does.
 """
+
 import weakref
 from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
 
-from .. import _paths
+from .. import _paths, versions
 from .._cache import cached
+from .._types import Model, ModelRef
+from ..arguments import Batch
 from ..arrays import to_numpy
 from ..data import is_distributed
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, NotCompiledError, UnsupportedModelError
-from ..inputs import Batch
 from . import Request, Result, Step, StepOutput, custom_step
 from ._distribute import distributed_step, strategy_of
 from ._forward import Forward
@@ -23,12 +25,14 @@ from ._state import PreservedState
 from ._steps import Keras3Steps, accumulation_steps
 
 
-def gradients(model: Any, flavour: Flavour, request: Request, batch: Batch) -> Result:
+def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
     class_weight = request.class_weight
     x, y, sample_weight = (_to_tensors(part) for part in (batch.x, batch.y, batch.sample_weight))
     if class_weight:
         if sample_weight is not None:
-            raise InvalidArgumentError("class_weight", "no sample_weight next to it (Keras 3 takes one or the other)", "both")
+            raise InvalidArgumentError(
+                "class_weight", "no sample_weight next to it (Keras 3 takes one or the other)", "both"
+            )
         utils = _paths.load(flavour.root, "data_adapter_utils")
         sample_weight = tf.convert_to_tensor(utils.class_weight_to_sample_weights(y, class_weight))
 
@@ -50,14 +54,13 @@ def gradients(model: Any, flavour: Flavour, request: Request, batch: Batch) -> R
     if not accumulation:
         return result
     # The step adds its gradients to the optimizer's accumulators, and applies their mean every k-th
-    # step; _iterations counts steps (from Keras 3.6 or so, iterations counts updates).
-    inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-    steps = inner._iterations if hasattr(inner, "_iterations") else inner.iterations  # 3.3: no _iterations
+    # step.
+    steps = versions.step_counter(getattr(model.optimizer, "inner_optimizer", model.optimizer))
     return result._replace(applies_update=(int(steps.numpy()) + 1) % accumulation == 0)
 
 
 def _compiled_step_gradients(
-    model: Any,
+    model: Model,
     flavour: Flavour,
     request: Request,
     x: Any,
@@ -69,7 +72,7 @@ def _compiled_step_gradients(
     return Result([to_numpy(g) for g in grads], loss, loss_scale)
 
 
-def traced_step(model: Any, flavour: Flavour, request: Request, arity: int) -> Step:
+def traced_step(model: Model, flavour: Flavour, request: Request, arity: int) -> Step:
     """The step as one cached ``tf.function`` of ``(x, y)`` or ``(x, y, sample_weight)`` (``arity``).
 
     Trainable variables are read when it is traced, as by Keras' train function (see keras2). An
@@ -102,7 +105,7 @@ def traced_step(model: Any, flavour: Flavour, request: Request, arity: int) -> S
     )
 
 
-def build(model: Any, flavour: Flavour, batch: Batch) -> None:
+def build(model: Model, flavour: Flavour, batch: Batch) -> None:
     """Build the model (its metrics, loss and optimizer too) from its first batch, as train_on_batch
     does under a strategy (without one it builds in its first trace, to the same weights)."""
     with model.distribute_strategy.scope():  # a strategy's model gets mirrored variables
@@ -115,11 +118,15 @@ def _to_tensors(part: Any) -> Any:
     go through tf.nest, which costs more than the rest of the call."""
     if isinstance(part, (list, tuple, dict)):
         return tf.nest.map_structure(_to_tensors, part)
-    return part if part is None or isinstance(part, np.ndarray) or is_distributed(part) else tf.convert_to_tensor(part)
+    return (
+        part
+        if part is None or isinstance(part, np.ndarray) or is_distributed(part)
+        else tf.convert_to_tensor(part)
+    )
 
 
 def _build(
-    model_ref: "weakref.ref",
+    model_ref: ModelRef,
     flavour: Flavour,
     forward: Forward,
     request: Request,
@@ -127,8 +134,7 @@ def _build(
     arity: int,
 ) -> Step:
     variables, training = request.variables, request.training
-    # Keras >= 3.8 divides each replica's loss by the replica count; before, every replica has all of it.
-    losses_divided = hasattr(_paths.load(flavour.root, "losses"), "scale_loss_for_distribution")
+    losses_divided = versions.divides_loss_by_replicas(_paths.load(flavour.root, "losses"))
 
     def step(x: Any, y: Any, sample_weight: Any = None) -> StepOutput:
         model = model_ref()
@@ -157,7 +163,7 @@ def _build(
     return _paths.relaxed_function(step, arity)
 
 
-def _build_loss_outside_step(model: Any, strategy: Any, backend: Any, batch: Any) -> None:
+def _build_loss_outside_step(model: Model, strategy: Any, backend: Any, batch: Any) -> None:
     """Build the compiled loss from the batch's shapes under the strategy's scope, before the step is traced,
     as train_on_batch does under a strategy (``_maybe_symbolic_build``: Keras 3.6, 3.15; not 3.3).
 
@@ -185,13 +191,13 @@ def _build_loss_outside_step(model: Any, strategy: Any, backend: Any, batch: Any
         backend.compute_output_spec(loss, x, y, y_pred, sample_weight)
 
 
-def _loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> tf.Tensor:
+def _loss(model: Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> tf.Tensor:
     if model._compile_loss is None and not model.losses:  # listed only now, after the forward pass
         error = NotCompiledError(
             "model: expected a model compiled with a loss (or with add_loss losses), got loss=None"
         )
         error.ag_pass_through = True  # type: ignore[attr-defined]  # autograph re-raises it as it is
         raise error
-    if hasattr(model, "_compute_loss"):  # Keras >= 3.4: calls compute_loss with training where it takes it
+    if versions.passes_training_to_loss(model):
         return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
     return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)

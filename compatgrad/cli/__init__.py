@@ -1,29 +1,50 @@
 """The ``compatgrad`` command line: doctor, check, grads. Bad input: one line on stderr, exit code 2."""
+
 import argparse
 import json
 import os
 import sys
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="compatgrad", description="Keras gradients that match the training step.")
+    parser = argparse.ArgumentParser(
+        prog="compatgrad", description="Keras gradients that match the training step."
+    )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command")
-    doctor = commands.add_parser("doctor", help="what this environment has and which compatgrad backend a model would use")
+    doctor = commands.add_parser(
+        "doctor", help="what this environment has and which compatgrad backend a model would use"
+    )
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
-    check = commands.add_parser("check", help="run the parity check on embedded models for every Keras importable here")
+    check = commands.add_parser(
+        "check", help="run the parity check on embedded models for every Keras importable here"
+    )
     check.add_argument("--only", nargs=2, metavar=("FLAVOUR", "MODE"), help=argparse.SUPPRESS)
     grads = commands.add_parser("grads", help="gradients of a saved model on npz data")
     grads.add_argument("model", metavar="MODEL", help=".keras / .h5 file or SavedModel directory (compiled)")
-    grads.add_argument("data", metavar="DATA", help=".npz with x (or x0, x1, ... or input names), y (likewise), optional sample_weight")
+    grads.add_argument(
+        "data",
+        metavar="DATA",
+        help=".npz with x (or x0, x1, ... or input names), y (likewise), optional sample_weight",
+    )
     grads.add_argument("--params", choices=("weights", "outputs", "inputs"), default="weights")
     grads.add_argument("--layers", nargs="+", metavar="NAME", help="only these layers (weights or outputs)")
     grads.add_argument("--learning-phase", type=int, choices=(0, 1), default=0)
-    grads.add_argument("--batch-size", type=int, help="go through the data in batches of this size, with a progress bar")
-    grads.add_argument("--keras", choices=("tf.keras", "tf_keras", "keras3", "keras"), help="the Keras to load the model with")
+    grads.add_argument(
+        "--batch-size", type=int, help="go through the data in batches of this size, with a progress bar"
+    )
+    grads.add_argument(
+        "--keras",
+        choices=("tf.keras", "tf_keras", "keras3", "keras"),
+        help="the Keras to load the model with",
+    )
     grads.add_argument("--out", metavar="GRADS.npz", help="write the gradients, keyed by name")
-    grads.add_argument("--plot", metavar="NORMS.png", help="bar chart of the gradient norms (needs matplotlib: compatgrad[plot])")
+    grads.add_argument(
+        "--plot",
+        metavar="NORMS.png",
+        help="bar chart of the gradient norms (needs matplotlib: compatgrad[plot])",
+    )
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -34,9 +55,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as error:
         if args.debug:
             raise
-        print("compatgrad {}: error: {}".format(args.command, str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__),
-              file=sys.stderr)
+        print(f"compatgrad {args.command}: error: {first_line(error)}", file=sys.stderr)
         return 2
+
+
+def first_line(error: BaseException) -> str:
+    """An error's message in one line (its class name where it has none)."""
+    message = str(error).strip()
+    return message.splitlines()[0] if message else type(error).__name__
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -60,7 +86,7 @@ def _check(args: argparse.Namespace) -> int:
     print(parity.table(rows))
     failed = sum(not row.ok for row in rows)
     skipped = sum(row.difference is None for row in rows)
-    print("{} passed, {} failed, {} skipped".format(len(rows) - failed - skipped, failed, skipped))
+    print(f"{len(rows) - failed - skipped} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
 
@@ -73,20 +99,17 @@ def _grads(args: argparse.Namespace) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from . import check, files, report
+    from ..detect import installed_flavours
+    from . import files, report
 
     tf.get_logger().setLevel("ERROR")
-    model = files.load_model(args.model, check.flavours(), args.keras)
+    model = files.load_model(args.model, installed_flavours(), args.keras)
     x, y, sample_weight = files.load_data(args.data, model)
     params = report.params_for(model, args.params, args.layers)
     grads = report.gradients(model, x, y, sample_weight, params, args.learning_phase, args.batch_size)
     print(report.table(grads))
     if args.out:
-        np.savez(args.out, **grads)
+        np.savez(args.out, **cast(Dict[str, Any], grads))  # numpy's stub reads ** as allow_pickle
     if args.plot:
         report.plot(grads, args.plot)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,14 +5,16 @@ Each case compares ``get_gradients`` with ``w0 - w1`` of one ``train_on_batch`` 
 model's output with its closed form under mse, 2 (prediction - y) / batch. Eager cases run in this
 process; graph cases in a subprocess, since graph mode must be switched on before any model is built.
 """
-import importlib
-import inspect
+
 import json
 import subprocess
 import sys
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
+
+from .. import versions
+from ..detect import installed_flavours
 
 TOLERANCE = 1e-5
 
@@ -29,38 +31,22 @@ class Row(NamedTuple):
         return self.difference is None or self.difference <= TOLERANCE
 
 
-def flavours() -> Dict[str, Any]:
-    """The Keras flavours importable here, by the name ``detect`` gives them -> their Keras module."""
-    import tensorflow as tf
-
-    found: Dict[str, Any] = {}
-    for name in ("tf.keras", "tf_keras", "keras"):
-        try:
-            keras = tf.keras if name == "tf.keras" else importlib.import_module(name)
-            model_class = keras.Model
-        except Exception:  # absent, or an install that does not fit this TF: it raises anything
-            continue
-        if any(known.Model is model_class for known in found.values()):
-            continue  # keras 2.6-2.15 and Keras 3 on TF >= 2.16 are tf.keras itself
-        found["keras3" if model_class.__module__.endswith(".models.model") else name] = keras
-    return found
-
-
 def run_cases(flavour: str, mode: str) -> List[Row]:
-    from . import errors, get_gradients, layer_outputs
+    from .. import errors, get_gradients, layer_outputs
 
-    keras = flavours()[flavour]
+    keras = installed_flavours()[flavour]
     layers = keras.layers
-    legacy = getattr(keras.optimizers, "legacy", None) if mode == "graph" else None
-    sgd_class = getattr(legacy, "SGD", None) or keras.optimizers.SGD
-    # Standalone Keras 2.2 calls it lr.
-    learning_rate = "learning_rate" if "learning_rate" in inspect.signature(sgd_class.__init__).parameters else "lr"
+    legacy = versions.legacy_optimizers(keras) if mode == "graph" else None
+    sgd_class = legacy.SGD if legacy is not None else keras.optimizers.SGD
+    learning_rate = versions.learning_rate_argument(sgd_class)
     rng = np.random.RandomState(0)
     x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
     labels = rng.randint(0, 3, size=(32, 1))
     weights = rng.uniform(0, 2, size=32).astype("float32")
 
-    def mlp(loss: str = "mse", units: int = 1, regularizer: Any = None, batchnorm: bool = False, **optimizer: Any) -> Any:
+    def mlp(
+        loss: str = "mse", units: int = 1, regularizer: Any = None, batchnorm: bool = False, **optimizer: Any
+    ) -> Any:
         stack = [layers.Dense(8, input_shape=(5,), kernel_regularizer=regularizer)]
         stack += [layers.BatchNormalization()] if batchnorm else []
         stack += [layers.Activation("tanh"), layers.Dense(units, activation="softmax" if units > 1 else None)]
@@ -68,7 +54,7 @@ def run_cases(flavour: str, mode: str) -> List[Row]:
         model.compile(sgd_class(**{learning_rate: 1.0}, **optimizer), loss)
         return model
 
-    cases: Dict[str, Callable[[], tuple]] = {
+    cases: Dict[str, Callable[[], Tuple[Any, Any, Any, Any]]] = {
         "dense mse": lambda: (mlp(), x, y, None),
         "classifier": lambda: (mlp("sparse_categorical_crossentropy", units=3), x, labels, None),
         "l2 regularizer": lambda: (mlp(regularizer=keras.regularizers.l2(0.05)), x, y, None),
@@ -83,7 +69,9 @@ def run_cases(flavour: str, mode: str) -> List[Row]:
             model, inputs, targets, sample_weight = build()
             variables = list(model.trainable_weights)
             outputs = layer_outputs(model, [-1]) if "outputs" in case else []
-            grads = get_gradients(model, inputs, targets, variables + outputs, sample_weight=sample_weight, learning_phase=1)
+            grads = get_gradients(
+                model, inputs, targets, variables + outputs, sample_weight=sample_weight, learning_phase=1
+            )
             differences = []
             if outputs:  # mse of a Dense(1) output: d loss / d prediction = 2 (prediction - y) / batch
                 closed_form = 2 * (model.predict(inputs, verbose=0) - targets) / len(targets)
@@ -94,16 +82,20 @@ def run_cases(flavour: str, mode: str) -> List[Row]:
             differences += [float(np.max(np.abs(b - a - g))) for b, a, g in zip(before, after, grads)]
             rows.append(Row(flavour, mode, case, max(differences)))
         except errors.CompatgradError as error:
-            rows.append(Row(flavour, mode, case, None, "n/a: {}".format(error)))
+            rows.append(Row(flavour, mode, case, None, f"n/a: {error}"))
     return rows
 
 
 def modes(flavour: str, keras: Any) -> Dict[str, str]:
-    """mode -> "here" (this process), "subprocess", or why it does not apply; ``keras`` is the flavour's module."""
+    """mode -> "here" (this process), "subprocess", or why it does not apply; ``keras``: the flavour's
+    module."""
     import tensorflow as tf
 
-    if flavour == "keras" and keras.__version__.startswith("2.2."):
-        return {"graph": "n/a: standalone Keras 2.2's train_on_batch races (see compatgrad doctor), so it is no oracle"}
+    if flavour == "keras" and versions.updates_race_gradients(keras):
+        return {
+            "graph": "n/a: standalone Keras 2.2's train_on_batch races (see compatgrad doctor), "
+            "so it is no oracle"
+        }
     if not tf.executing_eagerly():  # TF 1.x
         return {"graph": "here"}
     if flavour == "keras":
@@ -115,7 +107,7 @@ def modes(flavour: str, keras: Any) -> Dict[str, str]:
 
 def check() -> List[Row]:
     rows: List[Row] = []
-    for flavour, keras in flavours().items():
+    for flavour, keras in installed_flavours().items():
         for mode, where in modes(flavour, keras).items():
             if where == "here":
                 rows += run_cases(flavour, mode)
@@ -128,7 +120,7 @@ def check() -> List[Row]:
 
 def _in_subprocess(flavour: str, mode: str) -> List[Row]:
     command = [sys.executable, "-m", "compatgrad", "check", "--only", flavour, mode]
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    result = subprocess.run(command, capture_output=True, text=True)
     try:
         return [Row(*row) for row in json.loads(result.stdout.strip().splitlines()[-1])]
     except (ValueError, IndexError):
@@ -147,7 +139,7 @@ def run_only(flavour: str, mode: str) -> str:
 def table(rows: List[Row]) -> str:
     lines = ["{:<10} {:<6} {:<28} {:>12}  {}".format("flavour", "mode", "case", "max |diff|", "result")]
     for row in rows:
-        shown = "-" if row.difference is None else "{:.2e}".format(row.difference)
+        shown = "-" if row.difference is None else f"{row.difference:.2e}"
         result = row.note if row.difference is None else ("pass" if row.ok else "FAIL " + row.note)
-        lines.append("{:<10} {:<6} {:<28} {:>12}  {}".format(row.flavour, row.mode, row.case, shown, result))
+        lines.append(f"{row.flavour:<10} {row.mode:<6} {row.case:<28} {shown:>12}  {result}")
     return "\n".join(lines)

@@ -1,17 +1,19 @@
 """``compatgrad doctor``: what this environment has, which backend a new model would get, known problems."""
+
 import importlib
 import platform
 import sys
 from typing import Any, Dict, List
 
-from . import check
+from .. import versions
+from ..detect import installed_flavours
 
 
 def report() -> Dict[str, Any]:
     import tensorflow as tf
 
     eager = tf.executing_eagerly()
-    flavours = check.flavours()
+    flavours = installed_flavours()
     found: Dict[str, Any] = {}
     problems: List[str] = []  # this combination will not work as it is
     notes: List[str] = []  # it works, with a caveat
@@ -20,30 +22,45 @@ def report() -> Dict[str, Any]:
         if name == "keras3":
             backend = keras.config.backend()
             entry["backend"] = backend
-            entry["compatgrad backend"] = "keras3" if backend == "tensorflow" else "none (TensorFlow backend only)"
+            entry["compatgrad backend"] = (
+                "keras3" if backend == "tensorflow" else "none (TensorFlow backend only)"
+            )
             if backend != "tensorflow":
-                problems.append("Keras 3 runs on the {!r} backend; compatgrad needs KERAS_BACKEND=tensorflow".format(backend))
+                problems.append(
+                    f"Keras 3 runs on the {backend!r} backend; compatgrad needs KERAS_BACKEND=tensorflow"
+                )
         elif name == "keras":
-            entry["compatgrad backend"] = "graph" if not eager else "none (standalone Keras: TF 1.x graph mode only)"
-            if entry["version"].startswith("2.2."):
-                notes.append("standalone Keras {}: train_on_batch orders its weight updates after the loss only, not after "
-                             "the gradients that read those weights, so it applies a gradient that varies from run to run; "
-                             "compatgrad returns the gradient at the current weights (Keras 2.3 does not race)".format(entry["version"]))
+            entry["compatgrad backend"] = (
+                "graph" if not eager else "none (standalone Keras: TF 1.x graph mode only)"
+            )
+            if versions.updates_race_gradients(keras):
+                notes.append(
+                    "standalone Keras {}: train_on_batch orders its weight updates after the loss only, "
+                    "not after the gradients that read those weights, so it applies a gradient that varies "
+                    "from run to run; compatgrad returns the gradient at the current weights "
+                    "(Keras 2.3 does not race)".format(entry["version"])
+                )
         else:
-            has_train_step = hasattr(keras.Model, "train_step")
+            has_train_step = versions.has_train_step(keras.Model)
             entry["compatgrad backend"] = "keras2" if eager and has_train_step else "graph"
             if eager and not has_train_step:
-                problems.append("{} has no train_step (TF < 2.2): only graph mode is supported; call "
-                                "tf.compat.v1.disable_eager_execution() before building models".format(name))
-            legacy = getattr(keras.optimizers, "legacy", None)
-            if legacy is not None and hasattr(legacy, "SGD") and keras.optimizers.SGD is not legacy.SGD:
-                notes.append("{}: graph mode needs the legacy optimizers (keras.optimizers.legacy.*); "
-                                "the default ones have no get_updates".format(name))
+                problems.append(
+                    f"{name} has no train_step (TF < 2.2): only graph mode is supported; call "
+                    "tf.compat.v1.disable_eager_execution() before building models"
+                )
+            if versions.legacy_optimizers(keras) is not None:
+                notes.append(
+                    f"{name}: graph mode needs the legacy optimizers (keras.optimizers.legacy.*); "
+                    "the default ones have no get_updates"
+                )
         found[name] = entry
     tf_keras = found.get("tf_keras")
     if tf_keras and not _same_minor(tf_keras["version"], tf.__version__):
-        problems.append("tf_keras {} is installed against TensorFlow {}: install tf-keras=={}.*".format(
-            tf_keras["version"], tf.__version__, ".".join(tf.__version__.split(".")[:2])))
+        problems.append(
+            "tf_keras {} is installed against TensorFlow {}: install tf-keras=={}.*".format(
+                tf_keras["version"], tf.__version__, ".".join(tf.__version__.split(".")[:2])
+            )
+        )
     if not flavours:
         problems.append("no Keras importable with this TensorFlow")
     return {
@@ -58,11 +75,18 @@ def report() -> Dict[str, Any]:
 
 
 def text(info: Dict[str, Any]) -> str:
-    lines = ["python      {}".format(info["python"]), "tensorflow  {} ({} by default)".format(info["tensorflow"], info["default mode"]),
-             "devices     {}".format(", ".join(info["devices"]) or "none")]
+    lines = [
+        "python      {}".format(info["python"]),
+        "tensorflow  {} ({} by default)".format(info["tensorflow"], info["default mode"]),
+        "devices     {}".format(", ".join(info["devices"]) or "none"),
+    ]
     for name, entry in info["keras"].items():
         extra = " on {}".format(entry["backend"]) if "backend" in entry else ""
-        lines.append("{:<11} {}{} -> compatgrad backend: {}".format(name, entry["version"], extra, entry["compatgrad backend"]))
+        lines.append(
+            "{:<11} {}{} -> compatgrad backend: {}".format(
+                name, entry["version"], extra, entry["compatgrad backend"]
+            )
+        )
     lines += ["problem: " + problem for problem in info["problems"]] or ["no known problem"]
     lines += ["note: " + note for note in info["notes"]]
     return "\n".join(lines)
@@ -88,5 +112,4 @@ def _same_minor(a: str, b: str) -> bool:
 
 
 def _devices(tf: Any) -> List[str]:
-    listing = getattr(tf.config, "list_physical_devices", None) or tf.config.experimental.list_physical_devices
-    return ["{} ({})".format(device.name, device.device_type) for device in listing()]
+    return [f"{device.name} ({device.device_type})" for device in versions.physical_devices(tf)]

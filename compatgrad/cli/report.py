@@ -1,33 +1,51 @@
 """``compatgrad grads``: gradients of a saved model on npz data, as a table, an npz and a bar chart."""
+
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from . import _paths
-from .api import get_gradients
-from .detect import flavour_of
-from .errors import InvalidArgumentError
-from .targets import layer_outputs
+from .. import _paths
+from .._types import Model
+from ..api import get_gradients
+from ..detect import flavour_of
+from ..errors import InvalidArgumentError
+from ..sources import layer_outputs
 
 
-def params_for(model: Any, kind: str, layers: Optional[Sequence[str]]) -> List[Any]:
-    """weights (of ``layers``, default all), outputs (of ``layers``, default every non-input layer) or the inputs."""
+def params_for(model: Model, kind: str, layers: Optional[Sequence[str]]) -> List[Any]:
+    """weights (of ``layers``, default all), outputs (of ``layers``, default every non-input layer)
+    or the inputs."""
     if kind == "inputs":
         return list(model.inputs)
     if kind == "outputs":
-        names = list(layers) if layers else [layer.name for layer in model.layers if type(layer).__name__ != "InputLayer"]
+        names = (
+            list(layers)
+            if layers
+            else [layer.name for layer in model.layers if type(layer).__name__ != "InputLayer"]
+        )
         return layer_outputs(model, names)
     if not layers:
         return list(model.trainable_weights)
     chosen = [layer for layer in model.layers if layer.name in layers]
     unknown = sorted(set(layers) - {layer.name for layer in chosen})
     if unknown:
-        raise InvalidArgumentError("--layers", "layer names among {}".format([layer.name for layer in model.layers]), unknown)
+        raise InvalidArgumentError(
+            "--layers", f"layer names among {[layer.name for layer in model.layers]}", unknown
+        )
     return [w for layer in chosen for w in layer.trainable_weights]
 
 
-def gradients(model: Any, x: Any, y: Any, sample_weight: Any, params: List[Any], learning_phase: int, batch_size: Optional[int]) -> Dict[str, np.ndarray]:
-    """``{name: gradient}``; with ``batch_size``, batch by batch with a progress bar, equal to the whole-data result."""
+def gradients(
+    model: Model,
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    params: List[Any],
+    learning_phase: int,
+    batch_size: Optional[int],
+) -> Dict[str, np.ndarray]:
+    """``{name: gradient}``; with ``batch_size``, batch by batch with a progress bar, equal to the
+    whole-data result."""
     if batch_size is None:
         return get_gradients(model, x, y, params, sample_weight, learning_phase, as_dict=True)
     if batch_size < 1:
@@ -38,16 +56,36 @@ def gradients(model: Any, x: Any, y: Any, sample_weight: Any, params: List[Any],
     def rows(value: Any, start: int) -> Any:
         if value is None:
             return None
-        return [v[start:start + batch_size] for v in value] if isinstance(value, list) else value[start:start + batch_size]
+        return (
+            [v[start : start + batch_size] for v in value]
+            if isinstance(value, list)
+            else value[start : start + batch_size]
+        )
 
     if all(hasattr(p, "assign") for p in params):  # variables: compatgrad's own dataset path
-        batches = ((rows(x, s), rows(y, s), rows(sample_weight, s)) if sample_weight is not None else (rows(x, s), rows(y, s)) for s in starts)
-        return get_gradients(model, batches, None, params, learning_phase=learning_phase, as_dict=True, steps=len(starts))
-    # Layer outputs and inputs have a row per example: each batch's rows, rescaled from its mean to the whole data's.
+        batches = (
+            (rows(x, s), rows(y, s), rows(sample_weight, s))
+            if sample_weight is not None
+            else (rows(x, s), rows(y, s))
+            for s in starts
+        )
+        return get_gradients(
+            model, batches, None, params, learning_phase=learning_phase, as_dict=True, steps=len(starts)
+        )
+    # Layer outputs and inputs have a row per example: each batch's rows, rescaled from its mean to
+    # the whole data's.
     progress = _paths.load(flavour_of(model).root, "progbar").Progbar(len(starts))
     parts: Dict[str, List[np.ndarray]] = {}
     for count, start in enumerate(starts, 1):
-        grads = get_gradients(model, rows(x, start), rows(y, start), params, rows(sample_weight, start), learning_phase, as_dict=True)
+        grads = get_gradients(
+            model,
+            rows(x, start),
+            rows(y, start),
+            params,
+            rows(sample_weight, start),
+            learning_phase,
+            as_dict=True,
+        )
         scale = min(batch_size, total - start) / float(total)
         for name, g in grads.items():
             parts.setdefault(name, []).append(g * scale)
@@ -56,13 +94,18 @@ def gradients(model: Any, x: Any, y: Any, sample_weight: Any, params: List[Any],
 
 
 def table(grads: Dict[str, np.ndarray]) -> str:
-    header = "{:<40} {:>16} {:>11} {:>11} {:>11} {:>7}".format("name", "shape", "L2 norm", "mean |g|", "max |g|", "zeros")
+    header = "{:<40} {:>16} {:>11} {:>11} {:>11} {:>7}".format(
+        "name", "shape", "L2 norm", "mean |g|", "max |g|", "zeros"
+    )
     lines = [header]
     for name, g in grads.items():
         g64 = np.asarray(g, np.float64)
-        lines.append("{:<40} {:>16} {:>11.4e} {:>11.4e} {:>11.4e} {:>6.1%}".format(
-            name, str(tuple(g.shape)), float(np.sqrt(np.sum(g64 ** 2))), float(np.mean(np.abs(g64))),
-            float(np.max(np.abs(g64))) if g64.size else 0.0, float(np.mean(g64 == 0)) if g64.size else 0.0))
+        norm = float(np.sqrt(np.sum(g64**2)))
+        mean = float(np.mean(np.abs(g64))) if g64.size else 0.0
+        largest = float(np.max(np.abs(g64))) if g64.size else 0.0
+        zeros = float(np.mean(g64 == 0)) if g64.size else 0.0
+        shape = str(tuple(g.shape))
+        lines.append(f"{name:<40} {shape:>16} {norm:>11.4e} {mean:>11.4e} {largest:>11.4e} {zeros:>6.1%}")
     return "\n".join(lines)
 
 
@@ -77,7 +120,9 @@ def plot(grads: Dict[str, np.ndarray], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise InvalidArgumentError("--plot", "matplotlib installed (pip install 'compatgrad[plot]')", "no matplotlib") from None
+        raise InvalidArgumentError(
+            "--plot", "matplotlib installed (pip install 'compatgrad[plot]')", "no matplotlib"
+        ) from None
     names = list(grads)
     norms = [max(float(np.sqrt(np.sum(np.asarray(grads[n], np.float64) ** 2))), 1e-30) for n in names]
     figure, axes = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)

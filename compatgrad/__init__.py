@@ -10,13 +10,17 @@ from . import errors
 from .api import GradientInfo, get_gradients
 from .apply import apply_gradients
 from .arrays import SparseGradient
+from .gradient_function import gradient_function
 from .masks import freeze, mask_gradients, unfreeze
 from .sources import layer_outputs
+from .symbolic import symbolic_gradients
 
 __version__ = "0.1.0"
 __all__ = [
     "get_gradients",
     "GradientInfo",
+    "gradient_function",
+    "symbolic_gradients",
     "layer_outputs",
     "SparseGradient",
     "apply_gradients",

@@ -1,6 +1,6 @@
 """The front door: validate the arguments, let ``backends`` pick the engine from the model itself, run it."""
 
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -50,7 +50,9 @@ def get_gradients(
     ``learning_phase`` 1 runs Dropout / BatchNormalization as in training. The result is unscaled
     (mixed precision), aggregated across replicas and clipped by the optimizer's clipnorm /
     clipvalue / global_clipnorm as that version clips; ``clip=False`` returns it before clipping.
-    ``unconnected='zero'`` returns zeros for params the loss does not depend on instead of raising.
+    Params the loss does not depend on raise ``UnconnectedGradientError`` (its ``missing`` names
+    them); ``unconnected='zero'`` returns zeros for them instead, ``unconnected='skip'`` None (with
+    ``as_dict=True``, leaves them out).
     ``return_info=True`` returns ``(grads, GradientInfo)``: the loss, the loss scale in force and
     whether every gradient is finite (where it is not, the step would skip its update).
 
@@ -107,22 +109,50 @@ def get_gradients(
     else:
         result = engine.gradients(model, flavour, request, batch)
 
-    found = wanted.arrange(result.grads)
-    missing = [name for name, g in zip(wanted.names, found) if g is None]
-    if missing and unconnected == "raise":
-        _raise_unconnected(model, flavour, wanted, found, missing)
     size = 0 if batch is None else batch.size  # datasets take variables only: no batch-sized zeros
-    grads = [_zeros_like(p, size) if g is None else g for p, g in zip(wanted.params, found)]
-    output: Any = dict(zip(wanted.names, grads)) if as_dict else grads
+    grads = handle_unconnected(
+        model,
+        flavour,
+        wanted,
+        wanted.arrange(result.grads),
+        unconnected,
+        lambda name, param: _zeros_like(name, param, size),
+    )
+    output = as_output(wanted, grads, as_dict)
     if not return_info:  # reading the loss and a pass over every gradient: only when asked for
         return output
     info = GradientInfo(
         float(result.loss),
         float(result.loss_scale),
-        all(np.isfinite(g.values if isinstance(g, SparseGradient) else g).all() for g in grads),
+        all(_finite(g) for g in grads if g is not None),
         result.applies_update,
     )
     return output, info
+
+
+def handle_unconnected(
+    model: Model,
+    flavour: Flavour,
+    wanted: sources.Sources,
+    grads: List[Any],
+    unconnected: str,
+    zeros: Callable[[str, Any], Any],
+) -> List[Any]:
+    """``grads`` (in params order) after ``unconnected``: "raise" naming the params without a gradient,
+    "zero" filling theirs with ``zeros(name, param)``, "skip" leaving them None."""
+    missing = {name: p for name, p, g in zip(wanted.names, wanted.params, grads) if g is None}
+    if missing and unconnected == "raise":
+        _raise_unconnected(model, flavour, wanted, grads, missing)
+    if unconnected == "zero":
+        return [zeros(name, p) if g is None else g for name, p, g in zip(wanted.names, wanted.params, grads)]
+    return grads
+
+
+def as_output(wanted: sources.Sources, grads: List[Any], as_dict: bool) -> Any:
+    """The list, or ``{name: gradient}`` without the ones "skip" left None."""
+    if as_dict:
+        return {name: g for name, g in zip(wanted.names, grads) if g is not None}
+    return grads
 
 
 def _raise_unconnected(
@@ -130,7 +160,7 @@ def _raise_unconnected(
     flavour: Flavour,
     wanted: sources.Sources,
     found: List[Any],
-    missing: List[str],
+    missing: Dict[str, Any],
 ) -> None:
     """Names what has no gradient; for a layer output, the likeliest cause: every Keras computes a
     crossentropy from the logits under a softmax / sigmoid output."""
@@ -139,6 +169,7 @@ def _raise_unconnected(
             "params",
             "variables the model's train_step applies a gradient to (or unconnected='zero')",
             "no gradient applied to {}".format(", ".join(missing)),
+            missing,
         )
     model_inputs = {id(t) for t in getattr(model, "inputs", None) or []}
     tensors = {id(t) for t in wanted.tensors if id(t) not in model_inputs}
@@ -153,10 +184,15 @@ def _raise_unconnected(
             if hint
             else "",
         ),
+        missing,
     )
 
 
-def _zeros_like(param: Any, batch_size: Optional[int]) -> np.ndarray:
+def _finite(grad: Any) -> bool:
+    return bool(np.isfinite(grad.values if isinstance(grad, SparseGradient) else grad).all())
+
+
+def _zeros_like(name: str, param: Any, batch_size: Optional[int]) -> np.ndarray:
     """Zeros for an unconnected variable, or for an unconnected tensor of this batch."""
     shape = list(static_shape(param))
     if shape and shape[0] is None:  # a graph tensor: the batch comes first
@@ -167,5 +203,6 @@ def _zeros_like(param: Any, batch_size: Optional[int]) -> np.ndarray:
             "params",
             "a tensor of known shape to fill with zeros",
             f"{arguments.name_of(param)} of shape {tuple(param.shape)}",
+            {name: param},
         )
     return np.zeros(sizes, dtype=numpy_dtype(param))

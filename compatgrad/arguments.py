@@ -68,8 +68,8 @@ def graph_endpoints(model: Model, name: str) -> List[Any]:
 
 
 def check_unconnected(unconnected: Any) -> str:
-    if unconnected not in ("raise", "zero"):
-        raise InvalidArgumentError("unconnected", "'raise' or 'zero'", repr(unconnected))
+    if unconnected not in ("raise", "zero", "skip"):
+        raise InvalidArgumentError("unconnected", "'raise', 'zero' or 'skip'", repr(unconnected))
     return unconnected
 
 

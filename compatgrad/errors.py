@@ -4,11 +4,15 @@ Every error subclasses ``CompatgradError`` and one of ``ValueError`` / ``TypeErr
 callers can catch either the compatgrad family or the builtin they already handle.
 """
 
-from typing import Any
+from typing import Any, Dict, Optional
 
 
 class CompatgradError(Exception):
     """Base class of every compatgrad error."""
+
+    # Autograph re-raises an exception with this attribute as it is: raised inside a tf.function
+    # (a step compatgrad traces, or symbolic_gradients in the caller's), it stays this error.
+    ag_pass_through = True
 
 
 class _ArgumentError(CompatgradError):
@@ -34,7 +38,14 @@ class NotCompiledError(CompatgradError, ValueError):
 
 
 class UnconnectedGradientError(InvalidArgumentError):
-    """The loss does not depend on some requested params (their gradient is None)."""
+    """The loss does not depend on some requested params (their gradient is None).
+
+    ``missing``: those params by name (the names ``as_dict=True`` gives them), in params order.
+    """
+
+    def __init__(self, argument: str, expected: str, got: Any, missing: Optional[Dict[str, Any]] = None):
+        super().__init__(argument, expected, got)
+        self.missing: Dict[str, Any] = dict(missing or {})
 
 
 class UnsupportedModelError(CompatgradError, TypeError):

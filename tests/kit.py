@@ -369,6 +369,12 @@ LOSS_CLASSES = Capability(  # for test_datasets' sum-reduced losses
     reason="standalone Keras 2.2 has no loss classes (keras.losses.MeanSquaredError), so no loss reductions",
     raises=AttributeError,
 )
+JIT_COMPILE = Capability(
+    name="jit_compile",
+    missing_in=lambda cell: cell.tf < (2, 8),
+    reason="Model.compile takes jit_compile from TF 2.8 on",
+    raises=TypeError,  # "Invalid keyword argument(s) in `compile`"
+)
 # Declared skips: nothing to try where these are missing (test_no_side_effects reads the first two itself).
 LOSS_SCALE_PER_MODEL = Capability(
     name="a loss scale per model",
@@ -404,6 +410,7 @@ CAPABILITIES = [
     COMPILE_WITHOUT_A_LOSS,
     ADAMW,
     LOSS_CLASSES,
+    JIT_COMPILE,
     LOSS_SCALE_PER_MODEL,
     RACE_FREE_STEP,
     TF_KERAS_NEXT_TO_KERAS3,

@@ -154,10 +154,22 @@ def test_unconnected_params(opt, rng):
     layer = WithUnusedWeight(name="with_unused")
     model = kit.keras.Model(inputs, layer(inputs))
     model.compile(kit.sgd(opt), "mse")
-    with pytest.raises(UnconnectedGradientError, match="unused"):
+    with pytest.raises(UnconnectedGradientError, match="unused") as raised:
         get_gradients(model, x, y)
+    assert list(raised.value.missing.values()) == [layer.unused]
+    [name] = raised.value.missing  # the name as_dict gives it
+    assert name in get_gradients(model, x, y, unconnected="zero", as_dict=True)
+
     zeros = get_gradients(model, x, y, [layer.unused], unconnected="zero")
     assert zeros[0].shape == (2,) and not zeros[0].any()
+    kernel, unused = get_gradients(model, x, y, [layer.kernel, layer.unused], unconnected="skip")
+    assert unused is None
+    # The kernel's gradient in closed form: mse of a linear map, 2 x^T (x k - y) / (batch * outputs).
+    kernel_value = kit.values([layer.kernel])[0]
+    closed_form = 2 * x.T @ (x @ kernel_value - y) / len(x)
+    assert kit.max_difference([kernel], [closed_form]) <= 1e-5
+    skipped = get_gradients(model, x, y, [layer.kernel, layer.unused], unconnected="skip", as_dict=True)
+    assert len(skipped) == 1 and kit.max_difference(list(skipped.values()), [kernel]) == 0.0
     if not kit.GRAPH:  # the eager step skips None gradients; graph mode's get_updates refuses them
         grads = get_gradients(model, x, y, unconnected="zero")
         assert kit.parity_difference(grads, kit.train_step_delta(model, x, y)) <= 1e-5

@@ -137,7 +137,7 @@ def test_learning_phase_not_0_or_1(phase):
 def test_unconnected_option_checked():
     raises(
         errors.InvalidArgumentError,
-        "^unconnected: expected 'raise' or 'zero'",
+        "^unconnected: expected 'raise', 'zero' or 'skip'",
         compiled(),
         X,
         Y,

@@ -34,6 +34,11 @@ class Request(NamedTuple):
     class_weight: Optional[Dict[Any, float]]
     sparse: bool  # keep tf.IndexedSlices gradients sparse
 
+    def key(self) -> Tuple[Any, ...]:
+        """What every built step depends on, for the engines' cache keys (each adds its own): the
+        params by identity, clipping, sparseness."""
+        return (tuple(map(id, self.variables)), tuple(map(id, self.tensors)), self.clip, self.sparse)
+
 
 class Result(NamedTuple):
     """What every engine returns: gradients for variables then tensors, as numpy arrays or
@@ -67,16 +72,20 @@ class EagerEngine(Engine, Protocol):
         """The compiled step (not for custom train steps), for loops that stay in the graph."""
 
 
-def engine_for(model: Model, flavour: Flavour) -> Engine:
-    """The engine for this flavour in the current mode; raises where no engine can match the step.
+def engine_for(model: Model, flavour: Flavour, eager: Optional[bool] = None) -> Engine:
+    """The engine for this flavour in this mode; raises where no engine can match the step.
 
+    ``eager``: whether the eager engines run (default: whether TensorFlow executes eagerly now;
+    ``symbolic_gradients`` asks for the mode outside the ``tf.function`` it may be called in).
     Only a supported (flavour, mode) pair is remembered, so a refusal is explained every time.
     """
-    tf = sys.modules.get("tensorflow")  # absent only for a Keras 3 model on another backend
-    key = (flavour, tf is not None and tf.executing_eagerly())
+    if eager is None:
+        tf = sys.modules.get("tensorflow")  # absent only for a Keras 3 model on another backend
+        eager = tf is not None and tf.executing_eagerly()
+    key = (flavour, eager)
     engine = _ENGINES.get(key)
     if engine is None:
-        engine = _ENGINES[key] = _choose(model, flavour, eager=key[1])
+        engine = _ENGINES[key] = _choose(model, flavour, eager)
     return engine
 
 
@@ -85,7 +94,7 @@ _ENGINES: Dict[Tuple[Flavour, bool], Engine] = {}
 
 def _choose(model: Model, flavour: Flavour, eager: bool) -> Engine:
     if flavour.name == "keras3":
-        return _keras3(flavour)
+        return _keras3(flavour, eager)
     if flavour.graph and not eager:
         from . import graph
 
@@ -112,15 +121,13 @@ def _choose(model: Model, flavour: Flavour, eager: bool) -> Engine:
     return keras2
 
 
-def _keras3(flavour: Flavour) -> Engine:
+def _keras3(flavour: Flavour, eager: bool) -> Engine:
     name = keras3_backend(flavour.root)
     if name != "tensorflow":
         raise UnsupportedModelError(
             f"model: expected a Keras 3 model on the TensorFlow backend, got the {name!r} backend"
         )
-    import tensorflow as tf
-
-    if not tf.executing_eagerly():
+    if not eager:
         _raise_not_eager(
             "model: Keras 3 cannot train in graph mode (its train_on_batch returns an unevaluated "
             "tensor), so no gradient could match its step; run eagerly, or use tf_keras "
@@ -133,5 +140,8 @@ def _keras3(flavour: Flavour) -> Engine:
 
 def _raise_not_eager(graph_mode_message: str) -> None:
     if versions.executing_eagerly_outside_functions():
-        raise ModeError("get_gradients returns numpy arrays, so it cannot run inside a tf.function")
+        raise ModeError(
+            "get_gradients returns numpy arrays, so it cannot run inside a tf.function; "
+            "compatgrad.symbolic_gradients returns tensors there"
+        )
     raise ModeError(graph_mode_message)

@@ -47,13 +47,7 @@ def optimizers_of(model: Model) -> List[Any]:
 def gradients(model: Model, steps_class: Type[Steps], request: Request, data: Any) -> Result:
     """``data``: the batch packed as ``fit`` hands it to the step (``x`` alone, ``(x, y)`` or ``(x, y,
     sample_weight)``), and split across a strategy's replicas as ``fit`` splits it."""
-    key = (
-        "custom step",
-        tuple(map(id, request.variables)),
-        tuple(map(id, request.tensors)),
-        request.clip,
-        request.sparse,
-    )
+    key = ("custom step", *request.key())
     optimizers = optimizers_of(model)  # a compile that replaces them replaces the step
     run = cached(
         model,
@@ -203,12 +197,10 @@ class Recorder:
         variables = [v for _, v in pairs]
         for v in variables:
             if id(v) in self.grads:
-                error = UnsupportedModelError(
+                raise UnsupportedModelError(
                     f"model.train_step: applies a gradient to {name_of(v)} twice in one step; compatgrad "
                     "returns one gradient per variable, so it cannot say which update the step makes"
                 )
-                error.ag_pass_through = True  # type: ignore[attr-defined]  # autograph re-raises it as it is
-                raise error
         steps.build(variables)
         for v in variables + steps.state():
             if id(v) not in self.at_start and id(v) not in self.saved:

@@ -19,7 +19,7 @@ from ..arguments import Batch
 from ..arrays import SparseGradient, is_sparse, static_shape
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, ModeError, UnsupportedModelError
-from . import Request, Result
+from . import Request, Result, StepOutput
 from ._steps import Keras2Steps
 
 
@@ -59,14 +59,7 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
             "please report this model"
         )
 
-    key = (
-        "graph",
-        tuple(map(id, request.variables)),
-        tuple(map(id, request.tensors)),
-        request.clip,
-        request.sparse,
-        tuple(map(id, feeds)),
-    )
+    key = ("graph", *request.key(), tuple(map(id, feeds)))
     state = (model.total_loss, model.optimizer)
     kinds, run, phased = cached(
         model, key, state, lambda: _build(weakref.ref(model), flavour, feeds, request)
@@ -91,13 +84,35 @@ def _build(
     """
     model = model_ref()
     K = _paths.load(flavour.root, "backend")
-    loss = model.total_loss
+    grads, loss, loss_scale = symbolic(model, flavour, request)
     with loss.graph.as_default():
         # The learning phase, read once as the model's train function reads it when built (looking
         # it up costs as much as the rest of a call): standalone Keras' learning_phase(), which
         # set_learning_phase may have fixed to an int; tf.keras' placeholder of the graph.
         phase = K.learning_phase() if flavour.name == "keras" else K.symbolic_learning_phase()
         phased = not isinstance(phase, int)
+        kinds = [None if g is None else "sparse" if is_sparse(g) else "dense" for g in grads]
+        fetches = [loss, loss_scale]
+        for g in grads:
+            if g is not None:
+                fetches += [g.values, g.indices, g.dense_shape] if is_sparse(g) else [g]
+        return kinds, SessionRun(K.get_session, feeds + [phase] if phased else feeds, fetches), phased
+
+
+def symbolic(model: Model, flavour: Flavour, request: Request) -> StepOutput:
+    """The gradients of ``total_loss`` for ``request`` as the training step takes them (scaled,
+    unscaled, aggregated, clipped), the loss and the loss scale: tensors of the model's graph, fed
+    through its feeds and learning phase. Made once per (request, compiled state)."""
+    key = ("graph symbolic", *request.key())
+    state = (model.total_loss, model.optimizer)
+    return cached(model, key, state, lambda: _symbolic(weakref.ref(model), flavour, request))
+
+
+def _symbolic(model_ref: ModelRef, flavour: Flavour, request: Request) -> StepOutput:
+    model = model_ref()
+    K = _paths.load(flavour.root, "backend")
+    loss = model.total_loss
+    with loss.graph.as_default():
         steps = Keras2Steps(model.optimizer)
         grads = steps.gradients(
             steps.scale(loss),
@@ -108,12 +123,7 @@ def _build(
             request.tensors,
             request.sparse,
         )
-        kinds = [None if g is None else "sparse" if is_sparse(g) else "dense" for g in grads]
-        fetches = [loss, steps.loss_scale()]
-        for g in grads:
-            if g is not None:
-                fetches += [g.values, g.indices, g.dense_shape] if is_sparse(g) else [g]
-        return kinds, SessionRun(K.get_session, feeds + [phase] if phased else feeds, fetches), phased
+        return grads, loss, steps.loss_scale()
 
 
 class SessionRun:

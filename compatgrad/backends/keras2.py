@@ -67,15 +67,7 @@ def traced_step(model: Model, flavour: Flavour, request: Request, arity: int) ->
     It reads the trainable variables when it is traced, as Keras' train function does: a change of
     ``trainable`` takes effect for both on recompile, which replaces the state.
     """
-    key = (
-        "keras2",
-        tuple(map(id, request.variables)),
-        tuple(map(id, request.tensors)),
-        request.training,
-        request.clip,
-        request.sparse,
-        arity,
-    )
+    key = ("keras2", *request.key(), request.training, arity)
     state = (model.optimizer, model.compiled_loss)
     return cached(
         model,

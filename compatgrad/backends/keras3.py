@@ -79,16 +79,7 @@ def traced_step(model: Model, flavour: Flavour, request: Request, arity: int) ->
     unbuilt LossScaleOptimizer scales by its initial scale, a built one by its dynamic scale
     variable: each gets a step of its own.
     """
-    key = (
-        "keras3",
-        tuple(map(id, request.variables)),
-        tuple(map(id, request.tensors)),
-        request.training,
-        request.clip,
-        request.sparse,
-        model.optimizer.built,
-        arity,
-    )
+    key = ("keras3", *request.key(), request.training, model.optimizer.built, arity)
     state = (model.optimizer, model._compile_loss)
     return cached(
         model,
@@ -193,11 +184,9 @@ def _build_loss_outside_step(model: Model, strategy: Any, backend: Any, batch: A
 
 def _loss(model: Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> tf.Tensor:
     if model._compile_loss is None and not model.losses:  # listed only now, after the forward pass
-        error = NotCompiledError(
+        raise NotCompiledError(
             "model: expected a model compiled with a loss (or with add_loss losses), got loss=None"
         )
-        error.ag_pass_through = True  # type: ignore[attr-defined]  # autograph re-raises it as it is
-        raise error
     if versions.passes_training_to_loss(model):
         return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
     return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)

@@ -296,7 +296,7 @@ def print_summary(mode: str, per_process: List[Dict[str, float]]) -> None:
         figures = [ratios[name] for ratios in per_process]
         median = float(np.median(figures))
         missed += [name] if median > TARGETS.get(name, 1.10) else []
-        print("{:<30} {:>6.3f} ({})".format(name, median, ", ".join(f"{f:.3f}" for f in figures)))
+        print("{:<40} {:>6.3f} ({})".format(name, median, ", ".join(f"{f:.3f}" for f in figures)))
     print(
         "target compatgrad / hand-written <= 1.10 (the dataset: 1.20): met on {} of {} workloads{}".format(
             len(per_process[0]) - len(missed),
@@ -455,7 +455,7 @@ def print_table(rows: list, limit: str, rounds: int, calls: int) -> None:
         "compat/hand: the median over rounds of the ratio within a round "
         "(its interquartile range over rounds)"
     )
-    header = "{:<30} {:>16} {:>16} {:>16} {:>20} {:>13} {:>9}".format(
+    header = "{:<40} {:>16} {:>16} {:>16} {:>20} {:>13} {:>9}".format(
         "workload", "compatgrad", "hand-written", "naive", "compat/hand", "naive/compat", "max diff"
     )
     print(header)
@@ -466,7 +466,7 @@ def print_table(rows: list, limit: str, rounds: int, calls: int) -> None:
         low, high = np.percentile(ratios(timings, "compatgrad", "hand-written"), [25, 75])
         ratio = "{:.3f} ({:.2f}-{:.2f})".format(paired(timings, "compatgrad", "hand-written"), low, high)
         print(
-            "{:<30} {:>16} {:>16} {:>16} {:>20} {:>13.2f} {:>9.1e}".format(
+            "{:<40} {:>16} {:>16} {:>16} {:>20} {:>13.2f} {:>9.1e}".format(
                 name, *cells, ratio, paired(timings, "naive", "compatgrad"), difference
             )
         )

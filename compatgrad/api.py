@@ -194,15 +194,20 @@ def _finite(grad: Any) -> bool:
 
 def _zeros_like(name: str, param: Any, batch_size: Optional[int]) -> np.ndarray:
     """Zeros for an unconnected variable, or for an unconnected tensor of this batch."""
+    return np.zeros(zeros_shape(name, param, batch_size), dtype=numpy_dtype(param))
+
+
+def zeros_shape(name: str, param: Any, batch_size: Any) -> List[Any]:
+    """The shape of an unconnected param's zeros: a variable's, or a graph tensor's with
+    ``batch_size`` (an int, or a tensor inside a step) first; raises where a size is unknown."""
     shape = list(static_shape(param))
     if shape and shape[0] is None:  # a graph tensor: the batch comes first
         shape[0] = batch_size
-    sizes = [d for d in shape if d is not None]
-    if len(sizes) < len(shape):
+    if any(d is None for d in shape):
         raise UnconnectedGradientError(
             "params",
             "a tensor of known shape to fill with zeros",
             f"{arguments.name_of(param)} of shape {tuple(param.shape)}",
             {name: param},
         )
-    return np.zeros(sizes, dtype=numpy_dtype(param))
+    return shape

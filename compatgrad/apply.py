@@ -117,9 +117,8 @@ def _build_update(optimizer: Any, variables: List[Variable]) -> Any:
     with variables[0].graph.as_default():
         feeds = [tf.compat.v1.placeholder(v.dtype.base_dtype, shape=v.shape) for v in variables]
         loss = tf.add_n([tf.reduce_sum(g * v) for g, v in zip(feeds, variables)])
-        return K.function(
-            feeds, [loss], updates=optimizer.get_updates(loss=loss, params=variables)
-        )  # K.function needs an output
+        updates = optimizer.get_updates(loss=loss, params=variables)
+        return K.function(feeds, [loss], updates=updates)  # K.function needs an output
 
 
 def _optimizer_root(optimizer: Any) -> str:

@@ -71,9 +71,12 @@ class GradientFunction:
     @property
     def layout(self) -> Layout:
         """Read once the model is built: it gets its inputs on its first batch."""
-        if self._layout is None and self.model.built:
-            self._layout = Layout(arguments.input_names(self.model), arguments.output_names(self.model))
-        return self._layout or Layout(arguments.input_names(self.model), arguments.output_names(self.model))
+        if self._layout is not None:
+            return self._layout
+        layout = Layout(arguments.input_names(self.model), arguments.output_names(self.model))
+        if self.model.built:
+            self._layout = layout
+        return layout
 
     def __call__(
         self,

@@ -15,11 +15,10 @@ from typing import Any, Optional, Sequence, cast
 
 from . import arguments, sources, versions
 from ._types import Model, Tensor
-from .api import as_output, handle_unconnected
-from .arrays import static_shape
+from .api import as_output, handle_unconnected, zeros_shape
 from .backends import EagerEngine, Request, engine_for
 from .detect import flavour_of
-from .errors import InvalidArgumentError, UnconnectedGradientError, UnsupportedModelError
+from .errors import InvalidArgumentError, UnsupportedModelError
 
 
 def symbolic_gradients(
@@ -97,15 +96,7 @@ def _zeros(name: str, param: Any, x: Any, eager: bool) -> Tensor:
     """Zeros for an unconnected param: a variable's shape, or a graph tensor's with this batch's size."""
     import tensorflow as tf
 
-    if not eager or hasattr(param, "assign"):  # a variable, or a tensor of the graph it runs in
+    if not eager:  # a variable, or a tensor of the graph it runs in
         return tf.zeros_like(param)
-    inner = list(static_shape(param))[1:]
-    if any(d is None for d in inner):
-        raise UnconnectedGradientError(
-            "params",
-            "a tensor of known shape to fill with zeros",
-            f"{name} of shape {tuple(param.shape)}",
-            {name: param},
-        )
     batch = tf.shape(tf.nest.flatten(x)[0])[0]
-    return tf.zeros(tf.concat([[batch], tf.constant(inner, tf.int32)], 0), dtype=param.dtype)
+    return tf.zeros(zeros_shape(name, param, batch), dtype=param.dtype)

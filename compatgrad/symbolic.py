@@ -96,7 +96,7 @@ def _zeros(name: str, param: Any, x: Any, eager: bool) -> Tensor:
     """Zeros for an unconnected param: a variable's shape, or a graph tensor's with this batch's size."""
     import tensorflow as tf
 
-    if not eager:  # a variable, or a tensor of the graph it runs in
+    if not eager:  # graph mode: a variable, or a tensor of the graph the zeros go into
         return tf.zeros_like(param)
     batch = tf.shape(tf.nest.flatten(x)[0])[0]
     return tf.zeros(zeros_shape(name, param, batch), dtype=param.dtype)

@@ -161,6 +161,24 @@ def test_unconnected_inside_a_tf_function(rng):
         gradients(x, y, "raise")
 
 
+@eager_only
+def test_an_unconnected_layer_output_gets_zeros_of_the_batch_inside_a_tf_function(rng):
+    """The crossentropy reads the logits under the softmax, so the softmax output has no gradient."""
+    x = rng.randn(16, 4).astype("float32")
+    labels = rng.randint(0, 3, size=16)
+    inputs = layers.Input(shape=(4,))
+    model = keras.Model(inputs, layers.Dense(3, activation="softmax", name="probs")(inputs))
+    model.compile(kit.sgd(), "sparse_categorical_crossentropy")
+    params = layer_outputs(model, ["probs"])
+
+    @tf.function
+    def gradients(x, y):
+        return symbolic_gradients(model, x, y, params, unconnected="zero")
+
+    (zeros,) = gradients(tf.constant(x), tf.constant(labels))
+    assert zeros.shape == (16, 3) and not zeros.numpy().any()
+
+
 @graph_only
 def test_graph_mode_tensors_fed_through_the_models_feeds(rng):
     x, y, w = batch(rng)

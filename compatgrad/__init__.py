@@ -12,6 +12,7 @@ from .apply import apply_gradients
 from .arrays import SparseGradient
 from .gradient_function import gradient_function
 from .masks import freeze, mask_gradients, unfreeze
+from .per_example import PerExampleInfo, per_example_gradients
 from .sources import layer_outputs
 from .symbolic import symbolic_gradients
 
@@ -21,6 +22,8 @@ __all__ = [
     "GradientInfo",
     "gradient_function",
     "symbolic_gradients",
+    "per_example_gradients",
+    "PerExampleInfo",
     "layer_outputs",
     "SparseGradient",
     "apply_gradients",

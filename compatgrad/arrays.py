@@ -11,6 +11,8 @@ class SparseGradient(NamedTuple):
     """A ``tf.IndexedSlices`` gradient as numpy: rows ``indices`` of a ``dense_shape`` array hold ``values``.
 
     Indices may repeat; their rows add up (as the optimizer's sparse update and ``dense()`` do).
+    Per-example gradients (``per_example_gradients(sparse=True)``) index two leading axes: ``indices``
+    then holds (example, row) pairs, one per row of ``values``.
     """
 
     values: np.ndarray
@@ -27,7 +29,7 @@ class SparseGradient(NamedTuple):
 
     def dense(self) -> np.ndarray:
         dense = np.zeros(self.dense_shape, dtype=self.values.dtype)
-        np.add.at(dense, self.indices, self.values)
+        np.add.at(dense, tuple(self.indices.T) if self.indices.ndim == 2 else self.indices, self.values)
         return dense
 
 

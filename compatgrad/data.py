@@ -114,7 +114,7 @@ def _batch_by_batch(
     """Each batch checked and run through the engine as a single batch is; sums kept in numpy."""
     totals: List[Any] = [None] * len(request.variables)
     examples, loss, loss_scale, count = 0, 0.0, 1.0, 0
-    for count, (x, y, sample_weight) in enumerate(_batches(model, flavour.root, dataset, steps), 1):
+    for count, (x, y, sample_weight) in enumerate(batches(model, flavour.root, dataset, steps), 1):
         batch = distributed_batch(x, y, sample_weight) or check_batch(
             model, x, y, sample_weight, custom_step=False
         )
@@ -133,7 +133,7 @@ def _batch_by_batch(
     return Sums(totals, loss, examples, count, loss_scale)
 
 
-def _batches(model: Model, root: str, dataset: Any, steps: Optional[int]) -> Iterator[tuple]:
+def batches(model: Model, root: str, dataset: Any, steps: Optional[int]) -> Iterator[tuple]:
     for index, element in enumerate(_elements(model, root, dataset)):
         if steps is not None and index >= steps:
             return

@@ -626,6 +626,36 @@ def relax_shapes_keyword() -> str:
 
 
 @probe(
+    "`tf.vectorized_map` on an op it cannot vectorize",
+    {
+        "TF 1.x-2.2": "raises (no `fallback_to_while_loop`): compatgrad loops over the examples instead",
+        "TF 2.3+": "`fallback_to_while_loop=True` loops over that op alone",
+    },
+)
+def vectorized_map_fallback() -> Dict[str, bool]:
+    """``tf.vectorized_map``'s keyword for its per-op fallback, where it has one."""
+    import inspect
+
+    import tensorflow as tf
+
+    parameters = inspect.signature(tf.vectorized_map).parameters
+    return {"fallback_to_while_loop": True} if "fallback_to_while_loop" in parameters else {}
+
+
+@probe(
+    "what `tf.map_fn` is told of its results",
+    {"TF 1.x-2.2": "`dtype` (dtypes)", "TF 2.3+": "`fn_output_signature` (TensorSpecs)"},
+)
+def map_fn_signature_keyword() -> str:
+    import inspect
+
+    import tensorflow as tf
+
+    parameters = inspect.signature(tf.map_fn).parameters
+    return "fn_output_signature" if "fn_output_signature" in parameters else "dtype"
+
+
+@probe(
     "the class of distribution strategies",
     {
         "TF 1.x (and tf.compat.v1.distribute)": "named with `V1` (`MirroredStrategyV1`)",

@@ -3,6 +3,7 @@
 import os
 import re
 
+import numpy as np
 import pytest
 
 import kit
@@ -52,3 +53,35 @@ def test_migration_after_blocks_match_the_training_step(index, rng):
     values = list(values.values()) if isinstance(values, dict) else values
     assert kit.parity_difference(values, expected) <= 1e-5
     assert len(namespace.get("norms", [None])) >= 1  # the callback logged (16 examples: batch 0)
+
+
+def per_example_blocks():
+    text = open(README).read()
+    section = text.split("## Per-example gradients", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+@pytest.mark.skipif(kit.GRAPH, reason="the blocks are eager code; test_per_example covers graph mode")
+def test_per_example_blocks_run_and_score_as_the_step():
+    """TracIn scores add up, per batch, to <the batch's step, the test example's step>; each norm is
+    the norm of the step on that example alone over the batch size (train_on_batch, SGD(0.1))."""
+    blocks = per_example_blocks()
+    assert len(blocks) == 2
+    namespace = {}
+    for block in blocks:
+        exec(compile(block, README, "exec"), namespace)
+    model, x, y, scores, norms = (namespace[k] for k in ("model", "x", "y", "scores", "norms"))
+
+    def applied(xb, yb):
+        before = model.get_weights()
+        model.train_on_batch(xb, yb)
+        step = [(b - a) / 0.1 for b, a in zip(before, model.get_weights())]
+        model.set_weights(before)
+        return np.concatenate([s.ravel() for s in step]).astype("float64")
+
+    test = applied(x[:1], y[:1])
+    for start in (0, 16):
+        expected = applied(x[start : start + 16], y[start : start + 16]) @ test
+        assert abs(scores[start : start + 16].sum() - expected) <= 1e-4 * max(1.0, abs(expected))
+    alone = np.array([np.linalg.norm(applied(x[i : i + 1], y[i : i + 1])) / len(x) for i in range(len(x))])
+    assert np.max(np.abs(norms - alone)) <= 1e-4 * max(1.0, np.max(alone))

@@ -33,11 +33,20 @@ class Request(NamedTuple):
     clip: bool
     class_weight: Optional[Dict[Any, float]]
     sparse: bool  # keep tf.IndexedSlices gradients sparse
+    # Also the gradients of the loss with respect to what it reads of the model's outputs, after the
+    # tensors': per flat output, the output and its logits (``_forward.loss_inputs``).
+    output_grads: bool = False
 
     def key(self) -> Tuple[Any, ...]:
         """What every built step depends on, for the engines' cache keys (each adds its own): the
-        params by identity, clipping, sparseness."""
-        return (tuple(map(id, self.variables)), tuple(map(id, self.tensors)), self.clip, self.sparse)
+        params by identity, clipping, sparseness, the output gradients."""
+        return (
+            tuple(map(id, self.variables)),
+            tuple(map(id, self.tensors)),
+            self.clip,
+            self.sparse,
+            self.output_grads,
+        )
 
 
 class Result(NamedTuple):

@@ -1,4 +1,5 @@
-"""The forward pass of an eager step: the model itself, or its extraction view when tensors are wanted."""
+"""The forward pass of an eager step (the model itself, or its extraction view when tensors are wanted),
+and what a loss reads of its outputs."""
 
 from typing import Any, List, Sequence, Tuple
 
@@ -43,3 +44,25 @@ class Forward:
         tape.watch([t for t in tf.nest.flatten(x) if t.dtype.is_floating])
         flat = list(self.view(x, training=training))
         return flat[: self.count], tf.nest.pack_sequence_as(self.outputs, flat[self.count :])
+
+
+def loss_inputs(outputs: Any) -> List[Any]:
+    """Per output of the model (flat), the two tensors its loss may read: the output, then its logits.
+
+    Every Keras computes a crossentropy from the logits under a softmax or sigmoid output, which
+    then has no gradient of its own. The logits are the output's ``_keras_logits`` (TF 2.5+, Keras
+    3) or the Softmax / Sigmoid op's input; an output without them is given twice.
+    """
+    found = []
+    for output in tf.nest.flatten(outputs):
+        found += [output, logits_of(output)]
+    return found
+
+
+def logits_of(output: Any) -> Any:
+    """An output's logits, as a Keras crossentropy finds them (see ``loss_inputs``); else the output."""
+    logits = getattr(output, "_keras_logits", None)
+    if logits is not None:
+        return logits
+    op = getattr(output, "op", None)  # eager tensors have no op
+    return op.inputs[0] if op is not None and op.type in ("Softmax", "Sigmoid") else output

@@ -12,7 +12,7 @@ from .._types import Model
 _SUBLAYER_ATTRIBUTES = ("_layers", "layers", "layer", "forward_layer", "backward_layer")
 
 
-def _all_layers(model: Model) -> List[Any]:
+def all_layers(model: Model) -> List[Any]:
     """The model and every layer inside it, nested models and wrapped layers included, each once."""
     if versions.flattens_layers(model):
         return list(model._flatten_layers(include_self=True, recursive=True))
@@ -40,7 +40,7 @@ def layer_states(model: Model) -> List[Any]:
     ``states`` None) are left out.
     """
     states, seen = [], set()
-    for layer in _all_layers(model):
+    for layer in all_layers(model):
         if not getattr(layer, "stateful", False):
             continue
         for state in tf.nest.flatten(getattr(layer, "states", None) or []):

@@ -20,6 +20,7 @@ from ..arrays import SparseGradient, is_sparse, static_shape
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, ModeError, UnsupportedModelError
 from . import Request, Result, StepOutput
+from ._forward import loss_inputs
 from ._steps import Keras2Steps
 
 
@@ -120,7 +121,7 @@ def _symbolic(model_ref: ModelRef, flavour: Flavour, request: Request) -> StepOu
             model.trainable_weights,
             K.gradients,
             request.clip,
-            request.tensors,
+            list(request.tensors) + (loss_inputs(model.outputs) if request.output_grads else []),
             request.sparse,
         )
         return grads, loss, steps.loss_scale()

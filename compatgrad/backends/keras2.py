@@ -20,7 +20,7 @@ from ..detect import Flavour
 from ..errors import InvalidArgumentError
 from . import Request, Result, Step, StepOutput, custom_step
 from ._distribute import distributed_step, strategy_of
-from ._forward import Forward
+from ._forward import Forward, loss_inputs
 from ._state import PreservedState
 from ._steps import Keras2Steps
 
@@ -110,6 +110,8 @@ def _build(
         with forward.tape(variables, x) as tape:
             tape.watch(variables)  # non-trainable variables are not watched by default
             activations, y_pred = forward(model, tape, x, training)
+            if request.output_grads:
+                activations += loss_inputs(y_pred)
             loss = _loss(model, x, y, y_pred, sample_weight)
             scaled_loss = steps.scale(loss)
         grads = steps.gradients(

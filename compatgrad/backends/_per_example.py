@@ -14,6 +14,7 @@ activations without materializing a gradient per example (``_ghost``).
 
 import contextlib
 import weakref
+from functools import partial
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -56,12 +57,13 @@ class Plan(NamedTuple):
 class Inputs(NamedTuple):
     """One chunk's values: the model's inputs, the output gradients (of the outputs the loss reads),
     the loss scale to take gradients at, and per variable its share of ``model.losses``' gradient
-    and (DOT) its vector."""
+    and (DOT) its vector. A None says there is nothing to do (no loss scaling; no share reaching
+    that variable): the ops are then built without the pass over every example's gradient it costs."""
 
     x: Any
     cotangents: List[np.ndarray]
-    scale: float
-    shared: List[np.ndarray]
+    scale: Optional[float]
+    shared: List[Optional[np.ndarray]]
     vectors: List[np.ndarray]
 
 
@@ -165,16 +167,18 @@ def _per_variable(
         if grad is None:
             grad = tf.zeros_like(variable)
         if plan.mode == GRADIENTS and plan.sparse[i] and isinstance(grad, tf.IndexedSlices):
-            values = grad.values / tf.cast(scale, grad.values.dtype)
-            results.append((values, tf.cast(tf.reshape(grad.indices, [-1]), tf.int64)))
+            indices = tf.cast(tf.reshape(grad.indices, [-1]), tf.int64)
+            results.append((_unscaled(grad.values, scale), indices))
             continue
-        dense = tf.convert_to_tensor(grad) / tf.cast(scale, grad.dtype)
+        total = _unscaled(tf.convert_to_tensor(grad), scale)
+        if inputs.shared[i] is not None:
+            total = total + inputs.shared[i]
         if plan.mode == GRADIENTS:
-            results.append(dense + inputs.shared[i])
+            results.append(total)
         elif plan.mode == NORMS:
-            results.append(tf.reduce_sum(tf.square(dense + inputs.shared[i])))
+            results.append(tf.reduce_sum(tf.square(total)))
         else:
-            results.append(tf.reduce_sum((dense + inputs.shared[i]) * inputs.vectors[i]))
+            results.append(tf.reduce_sum(total * inputs.vectors[i]))
     return results
 
 
@@ -315,7 +319,7 @@ def _ghost(
             if layer.use_bias:
                 z = z + (watched[ghost.bias] if ghost.bias is not None else layer.bias)
             dz = tf.gradients(layer.activation(z), z, grad_ys=read_grad)[0]
-        dz = tf.cast(dz, a.dtype) / tf.cast(scale, a.dtype)
+        dz = _unscaled(tf.cast(dz, a.dtype), scale)
         for index, is_kernel in ((ghost.kernel, True), (ghost.bias, False)):
             if index is None:
                 continue
@@ -323,17 +327,22 @@ def _ghost(
             if plan.mode == NORMS:
                 if is_kernel:
                     own = tf.reduce_sum(tf.square(a), 1) * tf.reduce_sum(tf.square(dz), 1)
-                    cross = tf.reduce_sum(tf.matmul(a, shared) * dz, 1)
                 else:
                     own = tf.reduce_sum(tf.square(dz), 1)
-                    cross = tf.linalg.matvec(dz, shared)
-                found[index] = own + 2.0 * cross + tf.reduce_sum(tf.square(shared))
+                if shared is not None:
+                    cross = (
+                        tf.reduce_sum(tf.matmul(a, shared) * dz, 1)
+                        if is_kernel
+                        else tf.linalg.matvec(dz, shared)
+                    )
+                    own = own + 2.0 * cross + tf.reduce_sum(tf.square(shared))
+                found[index] = own
             else:
                 vector = inputs.vectors[index]
                 own = (
                     tf.reduce_sum(tf.matmul(a, vector) * dz, 1) if is_kernel else tf.linalg.matvec(dz, vector)
                 )
-                found[index] = own + tf.reduce_sum(shared * vector)
+                found[index] = own if shared is None else own + tf.reduce_sum(shared * vector)
     return found
 
 
@@ -342,14 +351,18 @@ def _batch_ops(plan: Plan, outputs: Any, watched: Sequence[Any], inputs: Inputs)
     scale = inputs.scale
     grads = tf.gradients(_scaled(surrogate(outputs, inputs.cotangents, plan.kinds), scale), list(watched))
     return [
-        tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) / tf.cast(scale, g.dtype)
+        tf.zeros_like(v) if g is None else _unscaled(tf.convert_to_tensor(g), scale)
         for v, g in zip(watched, grads)
     ]
 
 
-def _scaled(loss: Tensor, scale: Tensor) -> Tensor:
+def _scaled(loss: Tensor, scale: Optional[Tensor]) -> Tensor:
     """The surrogate at the step's loss scale, so that float16 gradients do not underflow."""
-    return loss * tf.cast(scale, loss.dtype)
+    return loss if scale is None else loss * tf.cast(scale, loss.dtype)
+
+
+def _unscaled(grad: Tensor, scale: Optional[Tensor]) -> Tensor:
+    return grad if scale is None else grad / tf.cast(scale, grad.dtype)
 
 
 # --- Eager: traced functions ------------------------------------------------------------------------
@@ -390,13 +403,16 @@ def _eager_runner(model_ref: ModelRef, flavour: Flavour, plan: Plan) -> Runner:
     def batch(x: Any, cotangents: Any, scale: Any) -> List[Tensor]:
         return _batch_ops(plan, call(x), watched(), Inputs(x, cotangents, scale, [], []))
 
+    def scale(inputs: Inputs) -> Optional[np.float32]:  # None: traced without loss scaling
+        return None if inputs.scale is None else np.float32(inputs.scale)
+
     def run_chunk(inputs: Inputs) -> List[Any]:
-        values = (inputs.x, list(inputs.cotangents), np.float32(inputs.scale), inputs.shared, inputs.vectors)
+        values = (inputs.x, list(inputs.cotangents), scale(inputs), inputs.shared, inputs.vectors)
         results = _vectorized_else_loop(lambda loop: chunks[loop](*values), paths)
         return [tf.nest.map_structure(np.asarray, r) for r in results]
 
     def run_batch(inputs: Inputs) -> List[np.ndarray]:
-        return [np.asarray(g) for g in batch(inputs.x, list(inputs.cotangents), np.float32(inputs.scale))]
+        return [np.asarray(g) for g in batch(inputs.x, list(inputs.cotangents), scale(inputs))]
 
     return Runner(run_chunk, run_batch, paths)
 
@@ -422,55 +438,70 @@ def _graph_runner(model_ref: ModelRef, flavour: Flavour, plan: Plan) -> Runner:
         # from a keras.Input in layers of their own when the model is called on them, evaluating their
         # constants in the session, which hangs inside a tf.map_fn loop.
         examples = [placeholder(t.dtype.base_dtype, t.shape) for t in feeds]
-        inputs = Inputs(
+        every = Inputs(
             examples if len(examples) > 1 else examples[0],
             [placeholder(t.dtype.base_dtype, t.shape) for t in read],
             placeholder(tf.float32, []),
             [placeholder(v.dtype.base_dtype, v.shape) for v in plan.variables],
             [placeholder(v.dtype.base_dtype, v.shape) for v in plan.variables],
         )
-
-        def call(x: Any) -> Any:
-            return model_ref()(x)
-
-        def activations(x: Any) -> Tuple[List[Any], Any]:  # the model's own tensors, fed its inputs
-            return [t for g in plan.ghosts for t in (g.layer.input, g.layer.output)], model.outputs
-
-        chunks: Dict[bool, Any] = {}
-
-        def chunk_ops(loop: bool) -> Any:
-            if loop not in chunks:
-                with model.total_loss.graph.as_default(), _calls_leave_no_trace(model):
-                    built = _chunk_ops(plan, call, plan.variables, inputs, activations, paths, loop)
-                chunks[loop] = (tf.nest.flatten(built), built)
-            return chunks[loop]
-
-        batch = _batch_ops(plan, model.outputs, plan.variables, inputs)
         phase = K.learning_phase() if flavour.name == "keras" else K.symbolic_learning_phase()
 
-    def feed(values: Inputs, with_extra: bool) -> Dict[Any, Any]:
+    def call(x: Any) -> Any:
+        return model_ref()(x)
+
+    def activations(x: Any) -> Tuple[List[Any], Any]:  # the model's own tensors, fed its inputs
+        return [t for g in plan.ghosts for t in (g.layer.input, g.layer.output)], model_ref().outputs
+
+    def symbolic(values: Inputs) -> Inputs:
+        """The placeholders, None where ``values`` has None: ops are built per such pattern."""
+        return every._replace(
+            scale=None if values.scale is None else every.scale,
+            shared=[None if v is None else p for p, v in zip(every.shared, values.shared)],
+        )
+
+    built: Dict[Any, Tuple[List[Any], Any]] = {}  # (fetches, their structure) by what they were built for
+
+    def build(key: Any, make: Callable[[], Any]) -> Tuple[List[Any], Any]:
+        if key not in built:
+            with model_ref().total_loss.graph.as_default(), _calls_leave_no_trace(model_ref()):
+                ops = make()
+            built[key] = (tf.nest.flatten(ops), ops)
+        return built[key]
+
+    def feed(inputs: Inputs, values: Inputs) -> Dict[Any, Any]:
         xs = values.x if isinstance(values.x, list) else [values.x]
         fed = dict(zip(feeds, xs))
         fed.update(zip(examples, xs))
         fed.update(zip(inputs.cotangents, values.cotangents))
-        fed[inputs.scale] = values.scale
-        if with_extra:
-            fed.update(zip(inputs.shared, values.shared))
-            if plan.mode == DOT:
-                fed.update(zip(inputs.vectors, values.vectors))
+        fed.update((p, v) for p, v in zip(inputs.shared, values.shared) if p is not None)
+        if inputs.scale is not None:
+            fed[inputs.scale] = values.scale
+        if plan.mode == DOT:
+            fed.update(zip(inputs.vectors, values.vectors))
         if not isinstance(phase, int):
             fed[phase] = int(plan.training)
         return fed
 
     def run_chunk(values: Inputs) -> List[Any]:
+        inputs = symbolic(values)
+
         def run(loop: bool) -> List[Any]:
-            fetches, structure = chunk_ops(loop)
-            return tf.nest.pack_sequence_as(structure, K.get_session().run(fetches, feed(values, True)))
+            key = ("chunk", loop, inputs.scale is None, tuple(p is None for p in inputs.shared))
+            make = partial(_chunk_ops, plan, call, plan.variables, inputs, activations, paths, loop)
+            fetches, structure = build(key, make)
+            return tf.nest.pack_sequence_as(structure, K.get_session().run(fetches, feed(inputs, values)))
 
         return _vectorized_else_loop(run, paths)
 
     def run_batch(values: Inputs) -> List[np.ndarray]:
-        return list(K.get_session().run(batch, feed(values, False)))
+        inputs = symbolic(values)
+        model = model_ref()
+        fetches, _ = build(
+            ("batch", inputs.scale is None),
+            partial(_batch_ops, plan, model.outputs, plan.variables, inputs),
+        )
+        return list(K.get_session().run(fetches, feed(inputs, values)))
 
     return Runner(run_chunk, run_batch, paths)
 

@@ -130,7 +130,8 @@ def run_mode(mode: str, rounds: int) -> int:
         figures[workload.name] = row
         milliseconds = ", ".join(f"{name} {np.median(t) * 1e3:.1f}" for name, t in timings.items())
         ratios = ", ".join(f"{name} {value:.2f}" for name, value in row.items())
-        print(f"{workload.name:<32} ms per call: {milliseconds}; {ratios}")
+        ran = sorted(set(compat(return_info=True)[1].paths.values()))  # vectorized, loop
+        print(f"{workload.name:<32} ms per call: {milliseconds}; {ratios}; compatgrad ran {'+'.join(ran)}")
     print(RATIOS + json.dumps(figures))
     if differences and max(differences) > 1e-4:  # then the timings compare different computations
         print(f"MISMATCH: compatgrad and the hand-written vectorized_map differ by {max(differences):.1e}")

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from compatgrad.errors import InvalidArgumentError, ModeError
+
 FLAVOUR = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
 TF1 = not hasattr(tf, "function") or tf.__version__.startswith("1.")
 MODE = "graph" if TF1 else os.environ.get("COMPATGRAD_MODE", "eager")
@@ -375,6 +377,21 @@ JIT_COMPILE = Capability(
     reason="Model.compile takes jit_compile from TF 2.8 on",
     raises=TypeError,  # "Invalid keyword argument(s) in `compile`"
 )
+GRADIENT_LOGGER = Capability(
+    name="GradientLogger",
+    missing_in=lambda cell: cell.mode == "graph",
+    reason="GradientLogger taps eager training steps only so far (issue 19: graph mode comes later)",
+    raises=ModeError,
+)
+UNCLIPPED_IN_APPLY = Capability(
+    name="unclipped gradients in apply_gradients",
+    missing_in=lambda cell: cell.mode == "eager" and cell.flavour == "tf.keras" and cell.tf < (2, 4),
+    reason=(
+        "TF 2.2-2.3 clip in the train step, before apply_gradients: the step's unclipped gradients "
+        "never reach the optimizer"
+    ),
+    raises=InvalidArgumentError,
+)
 # Declared skips: nothing to try where these are missing (test_no_side_effects reads the first two itself).
 LOSS_SCALE_PER_MODEL = Capability(
     name="a loss scale per model",
@@ -411,6 +428,8 @@ CAPABILITIES = [
     ADAMW,
     LOSS_CLASSES,
     JIT_COMPILE,
+    GRADIENT_LOGGER,
+    UNCLIPPED_IN_APPLY,
     LOSS_SCALE_PER_MODEL,
     RACE_FREE_STEP,
     TF_KERAS_NEXT_TO_KERAS3,

@@ -1,0 +1,220 @@
+"""GradientLogger against the training step: what it logs at step k is what train_on_batch applies to
+batch k from the same weights (a twin model stepped in lockstep with SGD(1.0): w0 - w1; unclipped, a
+hand-written GradientTape), fit trains bit for bit as without it, TensorBoard's own reader reads back
+what it wrote, and what it cannot tap is refused before anything changes."""
+
+import logging
+
+import numpy as np
+import pytest
+
+import kit
+from compatgrad import errors
+from compatgrad.callbacks import GradientLogger
+
+keras, tf = kit.keras, kit.tf
+layers = keras.layers
+TOL = 1e-5
+BATCH, STEPS = 8, 5  # steps per epoch
+
+
+def classifier(optimizer):
+    inputs = layers.Input(shape=(4,))
+    hidden = layers.Dense(6, activation="tanh", name="hidden")(inputs)
+    model = keras.Model(inputs, layers.Dense(3, activation="softmax", name="head")(hidden))
+    model.compile(optimizer, "sparse_categorical_crossentropy")
+    return model
+
+
+def twins(make_optimizer, model=classifier):
+    """Two models with the same weights, each with its own optimizer made alike."""
+    first, second = model(make_optimizer()), model(make_optimizer())
+    second.set_weights(first.get_weights())
+    return first, second
+
+
+def data(rng):
+    return rng.randn(BATCH * STEPS, 4).astype("float32"), rng.randint(0, 3, size=(BATCH * STEPS,))
+
+
+def fit(model, x, y, *callbacks, epochs=2):
+    model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
+
+
+def batch(x, y, step):
+    """The batch fit trains on at ``step`` (from 1; no shuffling)."""
+    start = (step - 1) % STEPS * BATCH
+    return x[start : start + BATCH], y[start : start + BATCH]
+
+
+class Collect:
+    """An on_gradients function keeping every step's gradients."""
+
+    def __init__(self):
+        self.grads = {}
+
+    def __call__(self, step, grads):
+        self.grads[step] = grads
+
+
+@kit.GRADIENT_LOGGER.needed
+@pytest.mark.parametrize("name", list(kit.OPTIMIZERS))
+def test_logs_what_each_step_applies(rng, name):
+    model, twin = twins(lambda: kit.sgd(name, clipnorm=0.3))
+    x, y = data(rng)
+    collect = Collect()
+    logger = GradientLogger(on_gradients=collect)
+    fit(model, x, y, logger)
+
+    assert sorted(collect.grads) == list(range(1, 2 * STEPS + 1))
+    for step, entry in zip(range(1, 2 * STEPS + 1), logger.history):
+        xb, yb = batch(x, y, step)
+        before = kit.values(twin.trainable_weights)
+        applied = kit.train_step_delta(twin, xb, yb)  # SGD(1.0): w0 - w1 is the gradient applied
+        assert kit.parity_difference(collect.grads[step], applied) < TOL
+        assert entry["step"] == step
+        norms = [np.linalg.norm(g) for g in applied]
+        assert list(entry["norms"].values()) == pytest.approx(norms, rel=1e-5)
+        assert entry["global_norm"] == pytest.approx(np.linalg.norm(norms), rel=1e-5)
+        ratios = [n / np.linalg.norm(w) if np.any(w) else 0.0 for n, w in zip(norms, before)]
+        assert list(entry["update_ratios"].values()) == pytest.approx(ratios, rel=1e-4)
+        assert set(entry["layer_norms"]) == {"hidden", "head"}
+    # clipnorm clips each weight's gradient to norm 0.3: some were, else clipping went untested
+    assert any(np.linalg.norm(g) == pytest.approx(0.3) for grads in collect.grads.values() for g in grads)
+    assert kit.max_difference(kit.values(model.weights), kit.values(twin.weights)) < TOL
+
+
+@kit.GRADIENT_LOGGER.needed
+@kit.UNCLIPPED_IN_APPLY.needed
+def test_clip_false_logs_the_gradients_before_clipping(rng):
+    model, twin = twins(lambda: kit.sgd(clipnorm=0.3))
+    x, y = data(rng)
+    collect = Collect()
+    fit(model, x, y, GradientLogger(on_gradients=collect, clip=False), epochs=1)
+
+    larger = 0
+    for step in range(1, STEPS + 1):
+        xb, yb = batch(x, y, step)
+        unclipped = kit.reference_gradients(twin, xb, yb, twin.trainable_weights, training=0)
+        assert kit.max_difference(collect.grads[step], unclipped) < TOL
+        larger += any(np.linalg.norm(g) > 0.3 + 1e-4 for g in unclipped)
+        kit.train(twin, xb, yb)
+    assert larger  # some step's gradient was clipped, so clip=False made a difference
+
+
+@kit.GRADIENT_LOGGER.needed
+def test_training_is_bit_identical_and_the_optimizer_is_left_as_it_was(rng):
+    logged, plain = twins(lambda: kit.sgd(learning_rate=0.1, momentum=0.9, clipnorm=0.5))
+    x, y = data(rng)
+    logger = GradientLogger(every=2)
+    fit(logged, x, y, logger)
+    fit(plain, x, y)
+
+    for a, b in zip(kit.values(logged.weights), kit.values(plain.weights)):
+        assert np.array_equal(a, b)
+    assert [entry["step"] for entry in logger.history] == list(range(2, 2 * STEPS + 1, 2))
+    assert not {"apply", "apply_gradients"} & set(vars(logged.optimizer))  # the wrapper is gone
+    assert logged.train_function is None  # and the tapped function: the next call traces Keras' own
+    before = kit.values(logged.trainable_weights)
+    logged.train_on_batch(x[:BATCH], y[:BATCH])
+    assert len(logger.history) == STEPS  # nothing logged outside fit
+    assert kit.max_difference(before, kit.values(logged.trainable_weights)) > 0
+
+
+@kit.GRADIENT_LOGGER.needed
+def test_tensorboard_reads_back_the_scalars_and_histograms(rng, tmp_path):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    model = classifier(kit.sgd(learning_rate=0.1))
+    x, y = data(rng)
+    logger = GradientLogger(log_dir=str(tmp_path), histograms_every=2)
+    fit(model, x, y, logger, epochs=1)
+
+    events = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    events.Reload()
+    tags = set(events.Tags()["tensors"])
+    assert {"gradients/global_norm", "layer_gradient_norms/hidden", "layer_gradient_norms/head"} <= tags
+    norms = events.Tensors("gradients/global_norm")
+    assert [e.step for e in norms] == list(range(1, STEPS + 1))
+    logged = [float(tf.make_ndarray(e.tensor_proto)) for e in norms]
+    assert logged == pytest.approx([entry["global_norm"] for entry in logger.history], rel=1e-6)
+    histograms = [tag for tag in tags if tag.startswith("gradients/") and tag != "gradients/global_norm"]
+    assert len(histograms) == len(model.trainable_weights)
+    assert [e.step for e in events.Tensors(histograms[0])] == [2, 4]
+
+
+class OwnStep(keras.Model):
+    """A train_step of its own: the compiled loss times 2, applied through the optimizer."""
+
+    def train_step(self, data):
+        x, y = data[:2]  # Keras 3's train_on_batch adds a sample_weight of None
+        with tf.GradientTape() as tape:
+            prediction = self(x, training=True)
+            if hasattr(self, "compute_loss"):
+                loss = self.compute_loss(x=x, y=y, y_pred=prediction)
+            else:
+                loss = self.compiled_loss(y, prediction)
+            loss = 2.0 * loss
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+def own_step_classifier(optimizer):
+    inputs = layers.Input(shape=(4,))
+    model = OwnStep(inputs, layers.Dense(3, activation="softmax")(layers.Dense(6, activation="tanh")(inputs)))
+    model.compile(optimizer, "sparse_categorical_crossentropy")
+    return model
+
+
+@kit.GRADIENT_LOGGER.needed
+def test_a_custom_train_step_logs_what_it_applies(rng):
+    model, twin = twins(kit.sgd, own_step_classifier)
+    x, y = data(rng)
+    collect = Collect()
+    fit(model, x, y, GradientLogger(on_gradients=collect), epochs=1)
+
+    for step in range(1, STEPS + 1):
+        xb, yb = batch(x, y, step)
+        assert kit.parity_difference(collect.grads[step], kit.train_step_delta(twin, xb, yb)) < TOL
+
+
+@kit.GRADIENT_LOGGER.needed
+def test_alerts_are_logged_once_per_layer_and_kept_in_history(rng, caplog):
+    model = classifier(kit.sgd(learning_rate=0.1))
+    x, y = data(rng)
+    logger = GradientLogger(exploding=1e-9)  # every gradient is "exploding"
+    with caplog.at_level(logging.WARNING, logger="compatgrad"):
+        fit(model, x, y, logger, epochs=1)
+
+    assert all({a["layer"] for a in entry["alerts"]} == {"hidden", "head"} for entry in logger.history)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "compatgrad"]
+    assert len(warnings) == 2 and all("exploding" in w for w in warnings)
+
+
+@kit.GRADIENT_LOGGER.needed
+def test_a_train_function_set_from_outside_is_refused_and_kept(rng):
+    model = classifier(kit.sgd())
+    x, y = data(rng)
+
+    def own_train_function(iterator):
+        return {}
+
+    model.train_function = own_train_function
+    with pytest.raises(errors.UnsupportedModelError, match="model.train_function"):
+        fit(model, x, y, GradientLogger())
+    assert model.train_function is own_train_function
+    assert not {"apply", "apply_gradients"} & set(vars(model.optimizer))
+
+
+@pytest.mark.parametrize(
+    "arguments, name",
+    [
+        ({"every": 0}, "every"),
+        ({"histograms_every": 1.5}, "histograms_every"),
+        ({"on_gradients": 3}, "on_gradients"),
+    ],
+)
+def test_bad_arguments_name_themselves(arguments, name):
+    with pytest.raises(errors.InvalidArgumentError, match=name):
+        GradientLogger(**arguments)

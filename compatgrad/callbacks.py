@@ -9,7 +9,7 @@ Importing this module imports no framework: the tap (``backends._tap``) comes wi
 
 import logging
 import math
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -73,6 +73,7 @@ class GradientLogger:
         self._tap: Any = None
         self._writer: Any = None
         self._training = False
+        self._before: Optional[Tuple[int, List[np.ndarray]]] = None  # (step, the weights before it)
         self._alerted: set = set()
 
     # --- Keras' hooks ---------------------------------------------------------------------------------
@@ -95,37 +96,47 @@ class GradientLogger:
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         self._training = True
         if self.log_dir is not None and self._writer is None:
-            import tensorflow as tf
+            self._writer = _writer(self.log_dir, self._tap.graph)
 
-            self._writer = tf.summary.create_file_writer(self.log_dir)
+    def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        """The weights before a step that will be logged, for its update ratios."""
+        step = self._step() + 1
+        self._before = (
+            (step, self._tap.values(self.model.trainable_weights)) if step % self.every == 0 else None
+        )
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
-        step = int(self.model.optimizer.iterations.numpy())
+        step = self._step()
         if step % self.every:
             return
         from .backends._tap import layer_of, weight_names
 
         weights = list(self.model.trainable_weights)
-        applied = self._tap.read(weights)
-        entry = _entry(step, weight_names(weights), applied, layer_of(self.model), weights)
+        names = weight_names(weights)
+        grads = self._tap.read(weights)
+        before = self._before[1] if self._before and self._before[0] == step else [None] * len(weights)
+        after = self._tap.values(weights)
+        ratios = [None if b is None else _ratio(b, a) for b, a in zip(before, after)]
+        entry = _entry(step, names, grads, ratios, layer_of(self.model), weights)
         if self.histograms_every and step % self.histograms_every == 0:
             entry["histograms"] = {
                 name: np.histogram(g, bins=30)
-                for name, g in zip(weight_names(weights), applied.grads)
+                for name, g in zip(names, grads)
                 if g is not None and np.all(np.isfinite(g))
             }
         self._alert(entry)
         self.history.append(entry)
         if self._writer is not None:
-            self._write(entry, weight_names(weights), applied.grads)
+            self._write(entry, names, grads)
         if self.on_gradients is not None:
-            self.on_gradients(step, applied.grads)
+            self.on_gradients(step, grads)
 
     def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
         self._training = False
         self._remove()
         if self._writer is not None:
             self._writer.flush()
+            self._writer = None
 
     def on_test_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if not self._training:  # an evaluate of its own, not fit's validation
@@ -150,6 +161,10 @@ class GradientLogger:
         raise AttributeError(name)
 
     # --- What is logged ---------------------------------------------------------------------------------
+
+    def _step(self) -> int:
+        """The optimizer's count of its updates: the step just taken, after one."""
+        return int(self._tap.values([self.model.optimizer.iterations])[0])
 
     def _remove(self) -> None:
         if self._tap is not None:
@@ -180,42 +195,103 @@ class GradientLogger:
                 )
 
     def _write(self, entry: Dict[str, Any], names: List[str], grads: List[Optional[np.ndarray]]) -> None:
-        import tensorflow as tf
-
-        step = entry["step"]
-        with self._writer.as_default():
-            tf.summary.scalar("gradients/global_norm", entry["global_norm"], step=step)
-            for name, norm in entry["norms"].items():
-                tf.summary.scalar(f"gradient_norms/{_tag(name)}", norm, step=step)
-            for name, ratio in entry["update_ratios"].items():
-                tf.summary.scalar(f"update_ratios/{_tag(name)}", ratio, step=step)
-            for layer, norm in entry["layer_norms"].items():
-                tf.summary.scalar(f"layer_gradient_norms/{_tag(layer)}", norm, step=step)
-            if "histograms" in entry:
-                for name, g in zip(names, grads):
-                    if name in entry["histograms"]:
-                        tf.summary.histogram(f"gradients/{_tag(name)}", g, step=step)
+        scalars = {"gradients/global_norm": entry["global_norm"]}
+        scalars.update((f"gradient_norms/{_tag(name)}", n) for name, n in entry["norms"].items())
+        scalars.update((f"update_ratios/{_tag(name)}", r) for name, r in entry["update_ratios"].items())
+        scalars.update((f"layer_gradient_norms/{_tag(name)}", n) for name, n in entry["layer_norms"].items())
+        histograms = {
+            f"gradients/{_tag(name)}": g
+            for name, g in zip(names, grads)
+            if name in entry.get("histograms", {})
+        }
+        self._writer.write(entry["step"], scalars, histograms)
 
 
 def _entry(
-    step: int, names: List[str], applied: Any, layers: Dict[int, str], weights: List[Any]
+    step: int,
+    names: List[str],
+    grads: List[Optional[np.ndarray]],
+    ratios: List[Optional[float]],
+    layers: Dict[int, str],
+    weights: List[Any],
 ) -> Dict[str, Any]:
-    norms, ratios, layer_squares = {}, {}, {}  # type: Dict[str, float], Dict[str, float], Dict[str, float]
-    for weight, name, grad, ratio in zip(weights, names, applied.grads, applied.update_ratios):
+    norms: Dict[str, float] = {}
+    update_ratios: Dict[str, float] = {}
+    layer_squares: Dict[str, float] = {}
+    for weight, name, grad, ratio in zip(weights, names, grads, ratios):
         if grad is None:
             continue
         square = float(np.sum(np.square(grad, dtype=np.float64)))
-        norms[name], ratios[name] = math.sqrt(square), ratio
+        norms[name] = math.sqrt(square)
+        if ratio is not None:
+            update_ratios[name] = ratio
         layer = layers.get(id(weight), name)
         layer_squares[layer] = layer_squares.get(layer, 0.0) + square
     return {
         "step": step,
         "global_norm": math.sqrt(sum(n * n for n in norms.values())),
         "norms": norms,
-        "update_ratios": ratios,
+        "update_ratios": update_ratios,
         "layer_norms": {layer: math.sqrt(s) for layer, s in layer_squares.items()},
         "alerts": [],
     }
+
+
+def _ratio(before: np.ndarray, after: np.ndarray) -> float:
+    """How far the update moved a weight, over its norm before (0 for a weight that was all zeros)."""
+    norm = float(np.linalg.norm(before.astype(np.float64)))
+    return float(np.linalg.norm(after.astype(np.float64) - before)) / norm if norm else 0.0
+
+
+def _writer(log_dir: str, graph: bool) -> Any:
+    """TensorBoard's event files: ``tf.summary`` eagerly, the TF 1 ``FileWriter`` in graph mode."""
+    import tensorflow as tf
+
+    class Eager:
+        def __init__(self) -> None:
+            self.writer = tf.summary.create_file_writer(log_dir)
+
+        def write(self, step: int, scalars: Dict[str, float], histograms: Dict[str, np.ndarray]) -> None:
+            with self.writer.as_default():
+                for tag, value in scalars.items():
+                    tf.summary.scalar(tag, value, step=step)
+                for tag, values in histograms.items():
+                    tf.summary.histogram(tag, values, step=step)
+
+        def flush(self) -> None:
+            self.writer.flush()
+
+    class Graph:
+        def __init__(self) -> None:
+            self.writer = tf.compat.v1.summary.FileWriter(log_dir)
+
+        def write(self, step: int, scalars: Dict[str, float], histograms: Dict[str, np.ndarray]) -> None:
+            Summary = tf.compat.v1.Summary
+            values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+            values += [Summary.Value(tag=tag, histo=_histogram(v)) for tag, v in histograms.items()]
+            self.writer.add_summary(Summary(value=values), step)
+
+        def flush(self) -> None:
+            self.writer.flush()
+
+    return Graph() if graph else Eager()
+
+
+def _histogram(values: np.ndarray) -> Any:
+    """A ``HistogramProto`` of ``values``: 30 buckets, each given by its upper edge."""
+    import tensorflow as tf
+
+    counts, edges = np.histogram(values, bins=30)
+    flat = values.astype(np.float64).ravel()
+    return tf.compat.v1.HistogramProto(
+        min=float(flat.min()),
+        max=float(flat.max()),
+        num=float(flat.size),
+        sum=float(flat.sum()),
+        sum_squares=float(np.dot(flat, flat)),
+        bucket_limit=[float(e) for e in edges[1:]],
+        bucket=[float(c) for c in counts],
+    )
 
 
 def _tag(name: str) -> str:

@@ -1,9 +1,14 @@
-"""The gradients ``fit`` applies, kept as it trains: the optimizer's apply method, wrapped while ``fit``
-traces its step, writes what the optimizer applies (``_steps``: unscaled, aggregated, clipped as that
-Keras does) into variables of its own, and how far each weight moved, then applies as before.
+"""The gradients ``fit`` applies, kept as it trains: the optimizer's apply method, wrapped while ``fit``'s
+train function is made, writes what the optimizer applies (``_steps``: unscaled, aggregated, clipped as
+that Keras does) into variables of its own, then applies as before.
 
 Nothing runs twice: the wrapper sees the gradients the step computed once. The update itself is the
 optimizer's own call on the step's own gradients, so training is bit for bit what it is without a tap.
+
+Eager (tf.keras 2.2+, tf_keras, Keras 3): the train function is made again, traced with the wrapper, and
+dropped after ``fit``. Graph mode (TF 1.x, TF 2 graph mode, standalone Keras): ``fit`` has made its
+``K.function`` before any callback hears of it, and holds it; the tapped function is built next to it and
+takes its place in that same object for the run, which gets its own back after.
 """
 
 import weakref
@@ -12,109 +17,162 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 import numpy as np
 import tensorflow as tf
 
+from .. import _paths
 from .._types import Model
 from ..arguments import name_of
 from ..detect import Flavour
-from ..errors import InvalidArgumentError, ModeError, UnsupportedModelError
+from ..errors import InvalidArgumentError, UnsupportedModelError
 from ._distribute import strategy_of
 from ._state import all_layers
 from ._steps import Keras2Steps, Keras3Steps, Steps
 from .custom_step import optimizers_of
 
-
-class Applied:
-    """One step's record, as numpy: per trainable weight (``model.trainable_weights``' order) the
-    gradient applied (None where the step applied none) and its update's norm over its norm before."""
-
-    def __init__(self, grads: List[Optional[np.ndarray]], update_ratios: List[Optional[float]]):
-        self.grads, self.update_ratios = grads, update_ratios
+Pairs = List[Tuple[Any, Any]]
+Slot = Tuple[Any, Any]  # a weight's applied gradient, whether a step wrote it since the last read
 
 
 class Tap:
-    """Installed on a model for one ``fit``: ``install`` before ``fit`` makes its train function,
-    ``read`` after a step, ``remove`` when ``fit`` ends."""
+    """Installed on a model for one ``fit``: ``install`` as ``fit`` starts, ``read`` after a step,
+    ``remove`` when ``fit`` ends."""
 
     def __init__(self, model: Model, flavour: Flavour, clip: bool):
-        _check(model, flavour)
+        if strategy_of(model) is not None:
+            raise UnsupportedModelError(
+                "model: built under a distribution strategy; GradientLogger does not tap replicated steps yet"
+            )
         self.model_ref = weakref.ref(model)
-        self.clip = clip
+        self.clip, self.graph = clip, flavour.graph
+        self.backend = _paths.load(flavour.root, "backend")
         self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
-        # id(weight) -> (its gradient, its update ratio, whether a step wrote them since the last read)
-        self.slots: Dict[int, Tuple[tf.Variable, tf.Variable, tf.Variable]] = {}
-        self.patched: List[Any] = []
+        self.slots: Dict[int, Slot] = {}  # by id(weight)
+        self.patched: List[Tuple[Any, str]] = []  # (optimizer, the method wrapped)
+        self.replaced: Optional[Tuple[Any, Dict[str, Any]]] = None  # graph: (fit's K.function, its state)
+        self.mark_read: Any = None  # graph: the op that clears every slot's flag
 
     def install(self) -> None:
         model = self.model_ref()
         assert model is not None  # the logger holds it
-        _check_train_function(model)
         every = [self.steps_class(optimizer) for optimizer in optimizers_of(model)]
-        if not self.clip and any(steps.clips and not steps.clips_in_apply for steps in every):
-            raise InvalidArgumentError(
-                "clip",
-                "True for this optimizer: its Keras (TF < 2.4) clips in the train step, before "
-                "apply_gradients, so the unclipped gradients never reach it",
-                "False",
-            )
+        _check(model, every, self.clip, self.graph)
         for steps in every:
-            optimizer = steps.optimizer
-            setattr(optimizer, steps.apply_method, steps.intercepted(self._recorder(steps)))
-            self.patched.append(optimizer)
-        # Keras makes its train function again, now traced with the wrapper; ``remove`` drops it again.
+            self._patch(steps)
+        fits = model.train_function
         model.train_function = None
+        if not self.graph:  # Keras makes it again as fit starts, traced with the wrappers
+            return
+        model._make_train_function()
+        tapped = model.train_function
+        session = self.backend.get_session()
+        session.run(tf.compat.v1.variables_initializer([v for slot in self.slots.values() for v in slot]))
+        with session.graph.as_default():
+            self.mark_read = tf.group(*[wrote.assign(False) for _, wrote in self.slots.values()])
+        if fits is not None:  # fit holds this one: it runs the tapped graph until remove
+            self.replaced = (fits, dict(vars(fits)))
+            vars(fits).update(vars(tapped))
+            model.train_function = fits
 
     def remove(self) -> None:
-        for optimizer in self.patched:
-            delattr(optimizer, self.steps_class.apply_method)
+        for optimizer, method in self.patched:
+            delattr(optimizer, method)
         self.patched = []
         model = self.model_ref()
         if model is not None:
-            model.train_function = None  # the tapped one: the next call traces Keras' own again
+            model.train_function = None  # the tapped one: the next call makes Keras' own again
+        if self.replaced is not None:
+            fits, state = self.replaced
+            vars(fits).clear()
+            vars(fits).update(state)
+            if model is not None:
+                model.train_function = fits
+            self.replaced = None
 
-    def read(self, weights: List[Any]) -> Applied:
-        grads: List[Optional[np.ndarray]] = []
-        ratios: List[Optional[float]] = []
-        for weight in weights:
-            slot = self.slots.get(id(weight))
-            if slot is None or not slot[2].numpy():  # no step applied a gradient to it since the last read
-                grads.append(None)
-                ratios.append(None)
-                continue
-            grads.append(slot[0].numpy())
-            ratios.append(float(slot[1].numpy()))
-            slot[2].assign(False)
-        return Applied(grads, ratios)
+    def read(self, weights: List[Any]) -> List[Optional[np.ndarray]]:
+        """Per weight, the gradient the steps since the last read applied last; None where none did."""
+        slots = [self.slots.get(id(w)) for w in weights]
+        written = [slot for slot in slots if slot is not None]
+        values = iter(self.values([v for slot in written for v in slot]))
+        fresh = {}
+        for slot in written:
+            grad, wrote = next(values), next(values)
+            if wrote:
+                fresh[id(slot)] = grad
+        self._mark_read([slot[1] for slot in written])
+        return [None if slot is None else fresh.get(id(slot)) for slot in slots]
 
-    def _recorder(self, steps: Steps) -> Callable[[List[Tuple[Any, Any]], bool], Callable[[], None]]:
-        def record(pairs: List[Tuple[Any, Any]], aggregate: bool) -> Callable[[], None]:
-            steps.build([v for _, v in pairs])  # as its apply would, before reading its loss scale
-            applied = steps.applied(pairs, self.clip, aggregate)
-            slots = [self._slot(v) for _, v in pairs]
-            before = [tf.identity(v) for _, v in pairs]
-            for (grad_slot, _, fresh), g in zip(slots, applied):
-                grad_slot.assign(tf.cast(tf.convert_to_tensor(g), grad_slot.dtype))
-                fresh.assign(True)
+    def values(self, variables: List[Any]) -> List[Any]:
+        if not variables:
+            return []
+        if self.graph:
+            return list(self.backend.get_session().run(variables))
+        return [np.asarray(v.numpy()) for v in variables]
 
-            def after() -> None:  # the weights as the optimizer left them: how far it moved each
-                for (_, v), (_, ratio_slot, _), old in zip(pairs, slots, before):
-                    moved = tf.norm(tf.cast(tf.identity(v) - old, tf.float32))
-                    # 0 for a weight that was all zeros (a bias at its first step)
-                    ratio_slot.assign(tf.math.divide_no_nan(moved, tf.norm(tf.cast(old, tf.float32))))
+    # --- The wrappers ----------------------------------------------------------------------------
 
-            return after
+    def _patch(self, steps: Steps) -> None:
+        optimizer = steps.optimizer
+        if hasattr(optimizer, steps.apply_method):
+            setattr(optimizer, steps.apply_method, steps.intercepted(self._recorder(steps)))
+            self.patched.append((optimizer, steps.apply_method))
+        else:  # standalone Keras: get_updates takes get_gradients' gradients to ops of its own
+            optimizer.get_updates = self._get_updates(steps)
+            self.patched.append((optimizer, "get_updates"))
+
+    def _recorder(self, steps: Steps) -> Callable[[Pairs, bool], Callable[[Any], Any]]:
+        def record(pairs: Pairs, aggregate: bool) -> Callable[[Any], Any]:
+            steps.build([v for _, v in pairs])  # as its apply would, before its loss scale is read
+            writes = self._write(pairs, steps.applied(pairs, self.clip, aggregate))
+            # Graph mode runs what the train function's updates hold: the writes go with the update.
+            return lambda result: tf.group(result, *writes) if self.graph else result
 
         return record
 
-    def _slot(self, variable: Any) -> Tuple[tf.Variable, tf.Variable, tf.Variable]:
-        """The variables a weight's record goes to, made outside the step the first time it is traced."""
+    def _get_updates(self, steps: Steps) -> Callable[[Any, List[Any]], List[Any]]:
+        optimizer = steps.optimizer
+        get_updates, gradients = optimizer.get_updates, self.backend.gradients
+
+        def tapped(loss: Any, params: List[Any]) -> List[Any]:
+            raw: List[Any] = []
+
+            def kept(loss: Any, variables: List[Any]) -> List[Any]:
+                raw[:] = gradients(loss, variables)
+                return raw
+
+            self.backend.gradients = kept  # type: ignore[attr-defined]  # get_gradients' call, before it clips
+            try:
+                updates = get_updates(loss, params)
+            finally:
+                self.backend.gradients = gradients  # type: ignore[attr-defined]
+            pairs = [(g, v) for g, v in zip(raw, params) if g is not None]
+            # Clipped again as get_gradients does (clip=False: not at all), from its raw gradients.
+            clipped = steps.clip(pairs) if self.clip and steps.clips else [g for g, _ in pairs]
+            return list(updates) + self._write(pairs, clipped)
+
+        return tapped
+
+    def _write(self, pairs: Pairs, applied: List[Any]) -> List[Any]:
+        writes = []
+        for (_, v), g in zip(pairs, applied):
+            grad, wrote = self._slot(v)
+            writes += [grad.assign(tf.cast(tf.convert_to_tensor(g), grad.dtype)), wrote.assign(True)]
+        return writes
+
+    def _slot(self, variable: Any) -> Slot:
+        """A weight's variables, made outside the step the first time it is traced or built."""
         if id(variable) not in self.slots:
             with tf.init_scope():
                 dtype = tf.as_dtype(variable.dtype).base_dtype
                 self.slots[id(variable)] = (
                     tf.Variable(tf.zeros(variable.shape, dtype), trainable=False),
-                    tf.Variable(0.0, trainable=False),
                     tf.Variable(False, trainable=False),
                 )
         return self.slots[id(variable)]
+
+    def _mark_read(self, flags: List[Any]) -> None:
+        if self.graph:
+            self.backend.get_session().run(self.mark_read)
+        else:
+            for flag in flags:
+                flag.assign(False)
 
 
 def layer_of(model: Model) -> Dict[int, str]:
@@ -133,25 +191,30 @@ def weight_names(weights: List[Any]) -> List[str]:
     return [name_of(w) for w in weights]
 
 
-def _check(model: Model, flavour: Flavour) -> None:
-    if flavour.graph:
-        raise ModeError(
-            "model: GradientLogger taps eager training steps (tf.keras 2.2+, tf_keras, Keras 3); "
-            "graph mode and standalone Keras are not supported yet. Use get_gradients in a callback"
-        )
-    if strategy_of(model) is not None:
+def _check(model: Model, every: List[Steps], clip: bool, graph: bool) -> None:
+    """Refuse what the tap cannot record, before anything is changed."""
+    function = model.train_function
+    if function is not None and not _made_by_keras(function, graph):
         raise UnsupportedModelError(
-            "model: built under a distribution strategy; GradientLogger does not tap replicated steps yet"
+            "model.train_function: expected the one Keras makes, got "
+            f"{getattr(function, '__qualname__', type(function).__name__)}; GradientLogger taps the step "
+            "Keras makes. Set model.train_function = None to train with Keras' own"
+        )
+    clips_before = [
+        s for s in every if s.clips and not s.clips_in_apply and hasattr(s.optimizer, s.apply_method)
+    ]
+    if not clip and clips_before:
+        raise InvalidArgumentError(
+            "clip",
+            "True for this optimizer: its Keras (TF < 2.4) clips in get_gradients or the train step, "
+            "before apply_gradients, so the unclipped gradients never reach the optimizer",
+            "False",
         )
 
 
-def _check_train_function(model: Model) -> None:
-    """Keras makes and caches the train function; one set from outside would be dropped: refuse it."""
-    function = getattr(model, "train_function", None)
+def _made_by_keras(function: Any, graph: bool) -> bool:
+    """Eager: a function ``make_train_function`` defines; graph mode: a ``K.function`` of Keras' backend."""
+    if graph:
+        return type(function).__module__.split(".")[-1] in ("backend", "tensorflow_backend")
     made_by = getattr(getattr(function, "python_function", function), "__qualname__", "")
-    if function is not None and ".make_train_function.<locals>." not in made_by:
-        raise UnsupportedModelError(
-            "model.train_function: expected the one Keras' make_train_function makes, got "
-            f"{made_by or type(function).__name__}; GradientLogger taps the step Keras traces. Set "
-            "model.train_function = None to train with Keras' own, or log from your function"
-        )
+    return ".make_train_function.<locals>." in made_by

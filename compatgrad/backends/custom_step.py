@@ -160,13 +160,14 @@ class Interceptor:
                 delattr(optimizer, name)
 
     def _wrap(self, steps: Steps) -> Callable:
-        def record(pairs: List[Tuple[Any, Any]], aggregate: bool) -> Callable[[], None]:
+        def record(pairs: List[Tuple[Any, Any]], aggregate: bool) -> Callable[[Any], Any]:
             recorder = self.recorder()
             recorder.record(steps, pairs, aggregate)
 
-            def after() -> None:
+            def after(result: Any) -> Any:
                 for _, v in pairs:
                     recorder.after[id(v)] = tf.identity(v)
+                return result
 
             return after
 

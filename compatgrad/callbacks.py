@@ -9,7 +9,7 @@ Importing this module imports no framework: the tap (``backends._tap``) comes wi
 
 import logging
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class GradientLogger:
     """
 
     # What Keras' CallbackList reads of a callback besides its hooks (TF 2.3+, Keras 3).
-    _supports_tf_logs = False
+    _supports_tf_logs = True  # it reads no logs: Keras need not turn them into numbers for it
     _chief_worker_only = None
 
     def __init__(
@@ -73,7 +73,9 @@ class GradientLogger:
         self._tap: Any = None
         self._writer: Any = None
         self._training = False
-        self._before: Optional[Tuple[int, List[np.ndarray]]] = None  # (step, the weights before it)
+        self._weights: List[Any] = []  # the model's trainable weights, their names, their layers' names
+        self._names: List[str] = []
+        self._layers: Dict[int, str] = {}
         self._alerted: set = set()
 
     # --- Keras' hooks ---------------------------------------------------------------------------------
@@ -84,41 +86,37 @@ class GradientLogger:
     def set_model(self, model: Any) -> None:
         """Called as ``fit`` (or ``evaluate``, ``predict``) starts, before ``fit`` makes its train function:
         the tap goes in here, so that the function is traced with it."""
-        from .backends._tap import Tap  # imports TensorFlow, which the model's Keras has imported
+        from .backends._tap import (
+            Tap,  # imports TensorFlow, which the model's Keras has imported
+            layer_of,
+            weight_names,
+        )
         from .detect import flavour_of
 
         self.model = model
         if self._tap is None or self._tap.model_ref() is not model:
-            self._tap = Tap(model, flavour_of(model), self.clip)
+            keep = self.on_gradients is not None or self.histograms_every is not None
+            self._tap = Tap(model, flavour_of(model), self.clip, keep)
         if not self._tap.patched:
             self._tap.install()
+            self._weights = list(model.trainable_weights)
+            self._names = weight_names(self._weights)
+            self._layers = layer_of(model)
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         self._training = True
         if self.log_dir is not None and self._writer is None:
             self._writer = _writer(self.log_dir, self._tap.graph)
 
-    def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
-        """The weights before a step that will be logged, for its update ratios."""
-        step = self._step() + 1
-        self._before = (
-            (step, self._tap.values(self.model.trainable_weights)) if step % self.every == 0 else None
-        )
-
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         step = self._step()
         if step % self.every:
             return
-        from .backends._tap import layer_of, weight_names
-
-        weights = list(self.model.trainable_weights)
-        names = weight_names(weights)
-        grads = self._tap.read(weights)
-        before = self._before[1] if self._before and self._before[0] == step else [None] * len(weights)
-        after = self._tap.values(weights)
-        ratios = [None if b is None else _ratio(b, a) for b, a in zip(before, after)]
-        entry = _entry(step, names, grads, ratios, layer_of(self.model), weights)
-        if self.histograms_every and step % self.histograms_every == 0:
+        histograms = self.histograms_every is not None and step % self.histograms_every == 0
+        record = self._tap.read(self._weights, with_grads=histograms or self.on_gradients is not None)
+        names, grads = self._names, record.grads
+        entry = _entry(step, names, record, self._layers, self._weights)
+        if histograms:
             entry["histograms"] = {
                 name: np.histogram(g, bins=30)
                 for name, g in zip(names, grads)
@@ -208,25 +206,19 @@ class GradientLogger:
 
 
 def _entry(
-    step: int,
-    names: List[str],
-    grads: List[Optional[np.ndarray]],
-    ratios: List[Optional[float]],
-    layers: Dict[int, str],
-    weights: List[Any],
+    step: int, names: List[str], record: Any, layers: Dict[int, str], weights: List[Any]
 ) -> Dict[str, Any]:
     norms: Dict[str, float] = {}
     update_ratios: Dict[str, float] = {}
     layer_squares: Dict[str, float] = {}
-    for weight, name, grad, ratio in zip(weights, names, grads, ratios):
-        if grad is None:
+    for weight, name, norm, ratio in zip(weights, names, record.norms, record.update_ratios):
+        if norm is None:
             continue
-        square = float(np.sum(np.square(grad, dtype=np.float64)))
-        norms[name] = math.sqrt(square)
+        norms[name] = norm
         if ratio is not None:
             update_ratios[name] = ratio
         layer = layers.get(id(weight), name)
-        layer_squares[layer] = layer_squares.get(layer, 0.0) + square
+        layer_squares[layer] = layer_squares.get(layer, 0.0) + norm * norm
     return {
         "step": step,
         "global_norm": math.sqrt(sum(n * n for n in norms.values())),
@@ -237,44 +229,32 @@ def _entry(
     }
 
 
-def _ratio(before: np.ndarray, after: np.ndarray) -> float:
-    """How far the update moved a weight, over its norm before (0 for a weight that was all zeros)."""
-    norm = float(np.linalg.norm(before.astype(np.float64)))
-    return float(np.linalg.norm(after.astype(np.float64) - before)) / norm if norm else 0.0
-
-
 def _writer(log_dir: str, graph: bool) -> Any:
-    """TensorBoard's event files: ``tf.summary`` eagerly, the TF 1 ``FileWriter`` in graph mode."""
+    """TensorBoard's event files, one TF 1 ``Summary`` a step: through ``tf.summary`` eagerly (one op,
+    ``write_raw_pb``), through the TF 1 ``FileWriter`` in graph mode."""
     import tensorflow as tf
 
-    class Eager:
+    class Writer:
         def __init__(self) -> None:
-            self.writer = tf.summary.create_file_writer(log_dir)
-
-        def write(self, step: int, scalars: Dict[str, float], histograms: Dict[str, np.ndarray]) -> None:
-            with self.writer.as_default():
-                for tag, value in scalars.items():
-                    tf.summary.scalar(tag, value, step=step)
-                for tag, values in histograms.items():
-                    tf.summary.histogram(tag, values, step=step)
-
-        def flush(self) -> None:
-            self.writer.flush()
-
-    class Graph:
-        def __init__(self) -> None:
-            self.writer = tf.compat.v1.summary.FileWriter(log_dir)
+            if graph:
+                self.writer = tf.compat.v1.summary.FileWriter(log_dir)
+            else:
+                self.writer = tf.summary.create_file_writer(log_dir)
 
         def write(self, step: int, scalars: Dict[str, float], histograms: Dict[str, np.ndarray]) -> None:
             Summary = tf.compat.v1.Summary
             values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
             values += [Summary.Value(tag=tag, histo=_histogram(v)) for tag, v in histograms.items()]
-            self.writer.add_summary(Summary(value=values), step)
+            if graph:
+                self.writer.add_summary(Summary(value=values), step)
+                return
+            with self.writer.as_default():
+                tf.summary.experimental.write_raw_pb(Summary(value=values).SerializeToString(), step=step)
 
         def flush(self) -> None:
             self.writer.flush()
 
-    return Graph() if graph else Eager()
+    return Writer()
 
 
 def _histogram(values: np.ndarray) -> Any:

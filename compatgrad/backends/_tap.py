@@ -1,9 +1,11 @@
 """The gradients ``fit`` applies, kept as it trains: the optimizer's apply method, wrapped while ``fit``'s
-train function is made, writes what the optimizer applies (``_steps``: unscaled, aggregated, clipped as
+train function is made, takes what the optimizer applies (``_steps``: unscaled, aggregated, clipped as
 that Keras does) into variables of its own, then applies as before.
 
 Nothing runs twice: the wrapper sees the gradients the step computed once. The update itself is the
 optimizer's own call on the step's own gradients, so training is bit for bit what it is without a tap.
+Per weight the step writes the squared norms of its gradient, of its update and of the weight before it
+into one (3, weights) array, read in one go after the step; the gradients themselves only if asked for.
 
 Eager (tf.keras 2.2+, tf_keras, Keras 3): the train function is made again, traced with the wrapper, and
 dropped after ``fit``. Graph mode (TF 1.x, TF 2 graph mode, standalone Keras): ``fit`` has made its
@@ -28,44 +30,64 @@ from ._steps import Keras2Steps, Keras3Steps, Steps
 from .custom_step import optimizers_of
 
 Pairs = List[Tuple[Any, Any]]
-Slot = Tuple[Any, Any]  # a weight's applied gradient, whether a step wrote it since the last read
+GRAD, MOVED, BEFORE = 0, 1, 2  # the rows of the squared norms: gradient, update, weight before it
+
+
+class Record:
+    """What the steps since the last read applied, per trainable weight (``model.trainable_weights``'
+    order); None where they applied nothing, or for what was not kept."""
+
+    def __init__(
+        self,
+        norms: List[Optional[float]],
+        update_ratios: List[Optional[float]],
+        grads: List[Optional[np.ndarray]],
+    ):
+        self.norms, self.update_ratios, self.grads = norms, update_ratios, grads
 
 
 class Tap:
     """Installed on a model for one ``fit``: ``install`` as ``fit`` starts, ``read`` after a step,
-    ``remove`` when ``fit`` ends."""
+    ``remove`` when ``fit`` ends. ``keep``: also the gradients themselves, not only their norms."""
 
-    def __init__(self, model: Model, flavour: Flavour, clip: bool):
+    def __init__(self, model: Model, flavour: Flavour, clip: bool, keep: bool):
         if strategy_of(model) is not None:
             raise UnsupportedModelError(
                 "model: built under a distribution strategy; GradientLogger does not tap replicated steps yet"
             )
         self.model_ref = weakref.ref(model)
-        self.clip, self.graph = clip, flavour.graph
+        self.clip, self.keep, self.graph = clip, keep, flavour.graph
         self.backend = _paths.load(flavour.root, "backend")
         self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
-        self.slots: Dict[int, Slot] = {}  # by id(weight)
         self.patched: List[Tuple[Any, str]] = []  # (optimizer, the method wrapped)
         self.replaced: Optional[Tuple[Any, Dict[str, Any]]] = None  # graph: (fit's K.function, its state)
-        self.mark_read: Any = None  # graph: the op that clears every slot's flag
+        self.index: Dict[int, int] = {}  # id(weight) -> its column
+        self.squares: Any = None  # (3, weights): -1 where no step wrote since the last read
+        self.grads: Dict[int, Any] = {}  # id(weight) -> its last gradient (``keep``)
+        self.clear: Any = None  # -1 for every entry of ``squares`` (graph mode: the op that assigns it)
 
     def install(self) -> None:
         model = self.model_ref()
         assert model is not None  # the logger holds it
         every = [self.steps_class(optimizer) for optimizer in optimizers_of(model)]
         _check(model, every, self.clip, self.graph)
+        weights = list(model.trainable_weights)
+        self.index = {id(w): i for i, w in enumerate(weights)}
+        with tf.init_scope():
+            self.squares = tf.Variable(-tf.ones([3, len(weights)], tf.float32), trainable=False)
         for steps in every:
             self._patch(steps)
         fits = model.train_function
         model.train_function = None
         if not self.graph:  # Keras makes it again as fit starts, traced with the wrappers
+            self.clear = -tf.ones([3, len(weights)], tf.float32)
             return
         model._make_train_function()
         tapped = model.train_function
         session = self.backend.get_session()
-        session.run(tf.compat.v1.variables_initializer([v for slot in self.slots.values() for v in slot]))
+        session.run(tf.compat.v1.variables_initializer([self.squares, *self.grads.values()]))
         with session.graph.as_default():
-            self.mark_read = tf.group(*[wrote.assign(False) for _, wrote in self.slots.values()])
+            self.clear = self.squares.assign(-tf.ones_like(self.squares))
         if fits is not None:  # fit holds this one: it runs the tapped graph until remove
             self.replaced = (fits, dict(vars(fits)))
             vars(fits).update(vars(tapped))
@@ -86,22 +108,29 @@ class Tap:
                 model.train_function = fits
             self.replaced = None
 
-    def read(self, weights: List[Any]) -> List[Optional[np.ndarray]]:
-        """Per weight, the gradient the steps since the last read applied last; None where none did."""
-        slots = [self.slots.get(id(w)) for w in weights]
-        written = [slot for slot in slots if slot is not None]
-        values = iter(self.values([v for slot in written for v in slot]))
-        fresh = {}
-        for slot in written:
-            grad, wrote = next(values), next(values)
-            if wrote:
-                fresh[id(slot)] = grad
-        self._mark_read([slot[1] for slot in written])
-        return [None if slot is None else fresh.get(id(slot)) for slot in slots]
+    def read(self, weights: List[Any], with_grads: bool) -> Record:
+        """What the steps since the last read wrote; ``with_grads``: the gradients too (if kept)."""
+        columns = [self.index.get(id(w)) for w in weights]
+        grads = [self.grads.get(id(w)) for w in weights] if with_grads and self.keep else []
+        values = self.values([self.squares] + [g for g in grads if g is not None])
+        squares, arrays = values[0], iter(values[1:])
+        if self.graph:
+            self.backend.get_session().run(self.clear)
+        else:
+            self.squares.assign(self.clear)
+        norms: List[Optional[float]] = []
+        ratios: List[Optional[float]] = []
+        kept: List[Optional[np.ndarray]] = []
+        for i, column in enumerate(columns):
+            array = next(arrays) if grads and grads[i] is not None else None
+            grad, moved, before = squares[:, column] if column is not None else (-1.0, -1.0, -1.0)
+            written = grad >= 0
+            norms.append(float(np.sqrt(grad)) if written else None)
+            ratios.append(_ratio(moved, before) if written and moved >= 0 else None)
+            kept.append(array if written else None)
+        return Record(norms, ratios, kept)
 
     def values(self, variables: List[Any]) -> List[Any]:
-        if not variables:
-            return []
         if self.graph:
             return list(self.backend.get_session().run(variables))
         return [np.asarray(v.numpy()) for v in variables]
@@ -117,12 +146,17 @@ class Tap:
             optimizer.get_updates = self._get_updates(steps)
             self.patched.append((optimizer, "get_updates"))
 
-    def _recorder(self, steps: Steps) -> Callable[[Pairs, bool], Callable[[Any], Any]]:
-        def record(pairs: Pairs, aggregate: bool) -> Callable[[Any], Any]:
+    def _recorder(self, steps: Steps) -> Callable[[Pairs, bool], Tuple[List[Any], Callable[[Any], Any]]]:
+        def record(pairs: Pairs, aggregate: bool) -> Tuple[List[Any], Callable[[Any], Any]]:
             steps.build([v for _, v in pairs])  # as its apply would, before its loss scale is read
             writes = self._write(pairs, steps.applied(pairs, self.clip, aggregate))
-            # Graph mode runs what the train function's updates hold: the writes go with the update.
-            return lambda result: tf.group(result, *writes) if self.graph else result
+            before = self._before(pairs)
+
+            def after(result: Any) -> Any:
+                moved = self._moved(pairs, before, [result])
+                return tf.group(result, *writes, *moved) if self.graph else result
+
+            return ([] if before is None else before[:1]), after
 
         return record
 
@@ -137,42 +171,75 @@ class Tap:
                 raw[:] = gradients(loss, variables)
                 return raw
 
+            pairs = [(None, v) for v in params]
+            before = self._before(pairs)
             self.backend.gradients = kept  # type: ignore[attr-defined]  # get_gradients' call, before it clips
             try:
-                updates = get_updates(loss, params)
+                with tf.control_dependencies([] if before is None else before[:1]):  # reads first
+                    updates = get_updates(loss, params)
             finally:
                 self.backend.gradients = gradients  # type: ignore[attr-defined]
             pairs = [(g, v) for g, v in zip(raw, params) if g is not None]
             # Clipped again as get_gradients does (clip=False: not at all), from its raw gradients.
             clipped = steps.clip(pairs) if self.clip and steps.clips else [g for g, _ in pairs]
-            return list(updates) + self._write(pairs, clipped)
+            return list(updates) + self._write(pairs, clipped) + self._moved(pairs, before, updates)
 
         return tapped
 
     def _write(self, pairs: Pairs, applied: List[Any]) -> List[Any]:
-        writes = []
-        for (_, v), g in zip(pairs, applied):
-            grad, wrote = self._slot(v)
-            writes += [grad.assign(tf.cast(tf.convert_to_tensor(g), grad.dtype)), wrote.assign(True)]
+        """The applied gradients' squared norms, and the gradients themselves where kept."""
+        grads = [tf.convert_to_tensor(g) for g in applied]
+        squares = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads]
+        writes = [self._scatter(GRAD, [v for _, v in pairs], squares)]
+        if self.keep:
+            writes += [
+                self._kept(v).assign(tf.cast(g, self._kept(v).dtype)) for (_, v), g in zip(pairs, grads)
+            ]
         return writes
 
-    def _slot(self, variable: Any) -> Slot:
-        """A weight's variables, made outside the step the first time it is traced or built."""
-        if id(variable) not in self.slots:
+    def _before(self, pairs: Pairs) -> Any:
+        """The weights' squared norms before the update, stacked (their reads come before it), or None
+        where a weight is a RefVariable: TF 1.x reads one of those through a snapshot that the update
+        overwrites in place, so how far it moved cannot be read in the step."""
+        if any(type(v).__name__ == "RefVariable" for _, v in pairs):
+            return None
+        values = [tf.identity(v) for _, v in pairs]
+        return [tf.stack([tf.reduce_sum(tf.square(tf.cast(w, tf.float32))) for w in values])] + values
+
+    def _moved(self, pairs: Pairs, before: Any, updates: List[Any]) -> List[Any]:
+        if before is None or not pairs:
+            return []
+        norms, values = before[0], before[1:]
+        variables = [v for _, v in pairs]
+        with tf.control_dependencies(updates if self.graph else []):
+            moved = [
+                tf.reduce_sum(tf.square(tf.cast(tf.identity(v) - w, tf.float32)))
+                for v, w in zip(variables, values)
+            ]
+            return [
+                self._scatter(MOVED, variables, moved),
+                self._scatter(BEFORE, variables, tf.unstack(norms)),
+            ]
+
+    def _scatter(self, row: int, variables: List[Any], values: List[Any]) -> Any:
+        indices = [[row, self.index[id(v)]] for v in variables if id(v) in self.index]
+        kept = [value for v, value in zip(variables, values) if id(v) in self.index]
+        if not indices:
+            return tf.no_op()
+        return self.squares.scatter_nd_update(tf.constant(indices), tf.stack(kept))
+
+    def _kept(self, variable: Any) -> Any:
+        """The variable a weight's gradient is kept in, made outside the step the first time."""
+        if id(variable) not in self.grads:
             with tf.init_scope():
                 dtype = tf.as_dtype(variable.dtype).base_dtype
-                self.slots[id(variable)] = (
-                    tf.Variable(tf.zeros(variable.shape, dtype), trainable=False),
-                    tf.Variable(False, trainable=False),
-                )
-        return self.slots[id(variable)]
+                self.grads[id(variable)] = tf.Variable(tf.zeros(variable.shape, dtype), trainable=False)
+        return self.grads[id(variable)]
 
-    def _mark_read(self, flags: List[Any]) -> None:
-        if self.graph:
-            self.backend.get_session().run(self.mark_read)
-        else:
-            for flag in flags:
-                flag.assign(False)
+
+def _ratio(moved: float, before: float) -> float:
+    """How far the update moved the weight over its norm before (0 for a weight that was all zeros)."""
+    return float(np.sqrt(moved / before)) if before > 0 else 0.0
 
 
 def layer_of(model: Model) -> Dict[int, str]:

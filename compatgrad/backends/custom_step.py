@@ -160,7 +160,7 @@ class Interceptor:
                 delattr(optimizer, name)
 
     def _wrap(self, steps: Steps) -> Callable:
-        def record(pairs: List[Tuple[Any, Any]], aggregate: bool) -> Callable[[Any], Any]:
+        def record(pairs: List[Tuple[Any, Any]], aggregate: bool) -> Tuple[List[Any], Callable[[Any], Any]]:
             recorder = self.recorder()
             recorder.record(steps, pairs, aggregate)
 
@@ -169,7 +169,7 @@ class Interceptor:
                     recorder.after[id(v)] = tf.identity(v)
                 return result
 
-            return after
+            return [], after
 
         return steps.intercepted(record)
 

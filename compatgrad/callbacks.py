@@ -9,7 +9,7 @@ Importing this module imports no framework: the tap (``backends._tap``) comes wi
 
 import logging
 import math
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -38,9 +38,18 @@ class GradientLogger:
     (a layer's norm under ``vanishing``), ``exploding`` (over ``exploding``).
 
     ``clip=False`` records the gradients before the optimizer's clipping (``clipnorm``, ``clipvalue``,
-    ``global_clipnorm``). Eager training steps only for now (tf.keras 2.2+, tf_keras, Keras 3 on
-    TensorFlow, custom ``train_step`` models included); graph mode, standalone Keras and distribution
-    strategies raise ``compatgrad.errors`` when ``fit`` starts.
+    ``global_clipnorm``); refused where tf.keras clips before the optimizer sees them (TF < 2.4).
+    Every Keras ``fit`` runs: eagerly (tf.keras 2.2+, tf_keras, Keras 3 on TensorFlow, custom
+    ``train_step`` models included) and in graph mode (TF 1.x, TF 2, standalone Keras; no update ratios
+    for standalone Keras 2.2's RefVariables). Distribution strategies and a ``train_function`` set from
+    outside Keras raise ``compatgrad.errors`` when ``fit`` starts, before anything is changed.
+
+    ``noise_scale_batch_size`` (the batch size ``fit`` trains with) turns on the gradient noise scale
+    estimate (``NoiseScale``), every ``noise_scale_window`` steps, in ``noise.estimate`` and ``history``.
+
+    The step itself computes each weight's squared norms (of its gradient, its update, the weight before
+    it) into one array the logger reads after the step; the gradients are copied out only where
+    ``on_gradients`` or histograms need them.
     """
 
     # What Keras' CallbackList reads of a callback besides its hooks (TF 2.3+, Keras 3).
@@ -56,6 +65,9 @@ class GradientLogger:
         clip: bool = True,
         vanishing: float = 1e-7,
         exploding: float = 1e3,
+        noise_scale_batch_size: Optional[int] = None,
+        noise_scale_window: int = 8,
+        noise_scale_smoothing: float = 0.9,
     ):
         _check_every("every", every)
         if histograms_every is not None:
@@ -67,6 +79,16 @@ class GradientLogger:
         self.log_dir, self.every, self.histograms_every = log_dir, every, histograms_every
         self.on_gradients, self.clip = on_gradients, clip
         self.vanishing, self.exploding = vanishing, exploding
+        if noise_scale_batch_size is not None:
+            _check_every("noise_scale_batch_size", noise_scale_batch_size)
+        _check_every("noise_scale_window", noise_scale_window)
+        if noise_scale_window < 2 or not 0 <= noise_scale_smoothing < 1:
+            raise InvalidArgumentError(
+                "noise_scale_window, noise_scale_smoothing",
+                "a window of 2 steps or more and a smoothing in [0, 1)",
+                f"{noise_scale_window!r}, {noise_scale_smoothing!r}",
+            )
+        self.noise = NoiseScale(noise_scale_batch_size, noise_scale_window, noise_scale_smoothing)
         self.history: List[Dict[str, Any]] = []
         self.model: Any = None
         self.params: Dict[str, Any] = {}
@@ -96,7 +118,7 @@ class GradientLogger:
         self.model = model
         if self._tap is None or self._tap.model_ref() is not model:
             keep = self.on_gradients is not None or self.histograms_every is not None
-            self._tap = Tap(model, flavour_of(model), self.clip, keep)
+            self._tap = Tap(model, flavour_of(model), self.clip, keep, self.noise.batch_size is not None)
         if not self._tap.patched:
             self._tap.install()
             self._weights = list(model.trainable_weights)
@@ -110,12 +132,16 @@ class GradientLogger:
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         step = self._step()
+        if self.noise.batch_size is not None and step % self.noise.window == 0:
+            self.noise.update(step, *self._tap.sums_so_far(self._weights))
         if step % self.every:
             return
         histograms = self.histograms_every is not None and step % self.histograms_every == 0
         record = self._tap.read(self._weights, with_grads=histograms or self.on_gradients is not None)
         names, grads = self._names, record.grads
         entry = _entry(step, names, record, self._layers, self._weights)
+        if self.noise.estimate is not None:
+            entry["noise_scale"] = self.noise.estimate
         if histograms:
             entry["histograms"] = {
                 name: np.histogram(g, bins=30)
@@ -194,6 +220,8 @@ class GradientLogger:
 
     def _write(self, entry: Dict[str, Any], names: List[str], grads: List[Optional[np.ndarray]]) -> None:
         scalars = {"gradients/global_norm": entry["global_norm"]}
+        if "noise_scale" in entry:
+            scalars["gradients/noise_scale"] = entry["noise_scale"]
         scalars.update((f"gradient_norms/{_tag(name)}", n) for name, n in entry["norms"].items())
         scalars.update((f"update_ratios/{_tag(name)}", r) for name, r in entry["update_ratios"].items())
         scalars.update((f"layer_gradient_norms/{_tag(name)}", n) for name, n in entry["layer_norms"].items())
@@ -203,6 +231,46 @@ class GradientLogger:
             if name in entry.get("histograms", {})
         }
         self._writer.write(entry["step"], scalars, histograms)
+
+
+class NoiseScale:
+    """The gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018, appendix A), from
+    two batch sizes one device's training already has: each step's gradient (``batch_size`` examples)
+    and the mean of a ``window`` of successive steps' (``window * batch_size``). From the mean squared
+    norm of the small ones, S, and the squared norm of their mean, L:
+    |G|^2 ~ (B_big L - B_small S) / (B_big - B_small), tr(Sigma) ~ (S - L) / (1 / B_small - 1 / B_big),
+    each smoothed by an exponential moving average before the ratio is taken. Its bias: the steps of a
+    window are taken at successive weights, so their mean is not one batch's gradient; the bias grows
+    with how far the weights move within a window (the learning rate). The gradients are what the
+    logger records: unscaled, clipped unless ``clip=False`` (clipping shrinks both terms unevenly)."""
+
+    def __init__(self, batch_size: Optional[int], window: int, smoothing: float):
+        self.batch_size, self.window, self.smoothing = batch_size, window, smoothing
+        self.estimate: Optional[float] = None
+        self.averages: Optional[List[float]] = None  # of |G|^2 and tr(Sigma)
+        self.start: Optional[Tuple[int, float, List[Any]]] = None  # (step, sums so far)
+
+    def update(self, step: int, sum_of_squares: float, sums: List[Optional[np.ndarray]]) -> None:
+        start, self.start = self.start, (step, sum_of_squares, sums)
+        if start is None or self.batch_size is None or step - start[0] < 2:
+            return
+        count = step - start[0]
+        small = (sum_of_squares - start[1]) / count  # S
+        large = sum(  # L
+            float(np.sum(np.square((now - (0 if before is None else before)) / count)))
+            for now, before in zip(sums, start[2])
+            if now is not None
+        )
+        small_batch, big_batch = self.batch_size, self.batch_size * count
+        norm = (big_batch * large - small_batch * small) / (big_batch - small_batch)
+        trace = (small - large) / (1.0 / small_batch - 1.0 / big_batch)
+        if self.averages is None:
+            self.averages = [norm, trace]
+        else:
+            self.averages = [
+                self.smoothing * a + (1 - self.smoothing) * v for a, v in zip(self.averages, (norm, trace))
+            ]
+        self.estimate = self.averages[1] / self.averages[0] if self.averages[0] > 0 else None
 
 
 def _entry(

@@ -241,3 +241,25 @@ def test_a_train_function_set_from_outside_is_refused_and_kept(rng):
 def test_bad_arguments_name_themselves(arguments, name):
     with pytest.raises(errors.InvalidArgumentError, match=name):
         GradientLogger(**arguments)
+
+
+def test_noise_scale_recovers_b_simple_on_a_known_problem(rng):
+    """A linear model held at w = 0 (a learning rate of 1e-7): each example's gradient of (x.w - y)^2 is
+    -2 y x there, so |G|^2 and tr(Sigma) over the data are a closed form, and B_simple their ratio."""
+    features, examples, batch_size = 8, 4096, 16
+    x = rng.randn(examples, features).astype("float32")
+    y = (x @ (0.3 * rng.randn(features)) + rng.randn(examples)).astype("float32")[:, None]
+    model = keras.Sequential(
+        [layers.Dense(1, use_bias=False, kernel_initializer="zeros", input_shape=(features,))]
+    )
+    model.compile(kit.sgd(learning_rate=1e-7), "mse")
+    per_example = -2.0 * y.astype(np.float64) * x
+    mean = per_example.mean(axis=0)
+    expected = per_example.var(axis=0).sum() / (mean @ mean)
+
+    logger = GradientLogger(
+        every=64, noise_scale_batch_size=batch_size, noise_scale_window=8, noise_scale_smoothing=0.98
+    )
+    model.fit(x, y, batch_size=batch_size, epochs=8, verbose=0, callbacks=[logger])
+    assert logger.noise.estimate == pytest.approx(expected, rel=0.1)
+    assert logger.history[-1]["noise_scale"] == logger.noise.estimate

@@ -48,15 +48,16 @@ class Record:
 
 class Tap:
     """Installed on a model for one ``fit``: ``install`` as ``fit`` starts, ``read`` after a step,
-    ``remove`` when ``fit`` ends. ``keep``: also the gradients themselves, not only their norms."""
+    ``remove`` when ``fit`` ends. ``keep``: also the gradients themselves, not only their norms;
+    ``accumulate``: also their running sum and the running sum of their squared norms (float64)."""
 
-    def __init__(self, model: Model, flavour: Flavour, clip: bool, keep: bool):
+    def __init__(self, model: Model, flavour: Flavour, clip: bool, keep: bool, accumulate: bool = False):
         if strategy_of(model) is not None:
             raise UnsupportedModelError(
                 "model: built under a distribution strategy; GradientLogger does not tap replicated steps yet"
             )
         self.model_ref = weakref.ref(model)
-        self.clip, self.keep, self.graph = clip, keep, flavour.graph
+        self.clip, self.keep, self.accumulate, self.graph = clip, keep, accumulate, flavour.graph
         self.backend = _paths.load(flavour.root, "backend")
         self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
         self.patched: List[Tuple[Any, str]] = []  # (optimizer, the method wrapped)
@@ -64,6 +65,8 @@ class Tap:
         self.index: Dict[int, int] = {}  # id(weight) -> its column
         self.squares: Any = None  # (3, weights): -1 where no step wrote since the last read
         self.grads: Dict[int, Any] = {}  # id(weight) -> its last gradient (``keep``)
+        self.sums: Dict[int, Any] = {}  # id(weight) -> the sum of its gradients so far (``accumulate``)
+        self.sum_of_squares: Any = None  # of every gradient's squared norm so far (``accumulate``)
         self.clear: Any = None  # -1 for every entry of ``squares`` (graph mode: the op that assigns it)
 
     def install(self) -> None:
@@ -85,7 +88,9 @@ class Tap:
         model._make_train_function()
         tapped = model.train_function
         session = self.backend.get_session()
-        session.run(tf.compat.v1.variables_initializer([self.squares, *self.grads.values()]))
+        created = [self.squares, *self.grads.values(), *self.sums.values()]
+        created += [] if self.sum_of_squares is None else [self.sum_of_squares]
+        session.run(tf.compat.v1.variables_initializer([v for v in created if not _initialized(session, v)]))
         with session.graph.as_default():
             self.clear = self.squares.assign(-tf.ones_like(self.squares))
         if fits is not None:  # fit holds this one: it runs the tapped graph until remove
@@ -129,6 +134,15 @@ class Tap:
             ratios.append(_ratio(moved, before) if written and moved >= 0 else None)
             kept.append(array if written else None)
         return Record(norms, ratios, kept)
+
+    def sums_so_far(self, weights: List[Any]) -> Tuple[float, List[Optional[np.ndarray]]]:
+        """(The sum of every applied gradient's squared norm, per weight the sum of its gradients)."""
+        sums = [self.sums.get(id(w)) for w in weights]
+        if self.sum_of_squares is None:
+            return 0.0, [None] * len(weights)
+        values = iter(self.values([self.sum_of_squares] + [v for v in sums if v is not None]))
+        total = float(next(values))
+        return total, [None if v is None else next(values) for v in sums]
 
     def values(self, variables: List[Any]) -> List[Any]:
         if self.graph:
@@ -195,6 +209,10 @@ class Tap:
             writes += [
                 self._kept(v).assign(tf.cast(g, self._kept(v).dtype)) for (_, v), g in zip(pairs, grads)
             ]
+        if self.accumulate and pairs:
+            writes += [self._sum(v).assign_add(tf.cast(g, tf.float64)) for (_, v), g in zip(pairs, grads)]
+            total = tf.add_n([tf.cast(square, tf.float64) for square in squares])
+            writes.append(self._sum_of_squares().assign_add(total))
         return writes
 
     def _before(self, pairs: Pairs) -> Any:
@@ -228,6 +246,18 @@ class Tap:
             return tf.no_op()
         return self.squares.scatter_nd_update(tf.constant(indices), tf.stack(kept))
 
+    def _sum(self, variable: Any) -> Any:
+        if id(variable) not in self.sums:
+            with tf.init_scope():
+                self.sums[id(variable)] = tf.Variable(tf.zeros(variable.shape, tf.float64), trainable=False)
+        return self.sums[id(variable)]
+
+    def _sum_of_squares(self) -> Any:
+        if self.sum_of_squares is None:
+            with tf.init_scope():
+                self.sum_of_squares = tf.Variable(tf.zeros([], tf.float64), trainable=False)
+        return self.sum_of_squares
+
     def _kept(self, variable: Any) -> Any:
         """The variable a weight's gradient is kept in, made outside the step the first time."""
         if id(variable) not in self.grads:
@@ -235,6 +265,11 @@ class Tap:
                 dtype = tf.as_dtype(variable.dtype).base_dtype
                 self.grads[id(variable)] = tf.Variable(tf.zeros(variable.shape, dtype), trainable=False)
         return self.grads[id(variable)]
+
+
+def _initialized(session: Any, variable: Any) -> bool:
+    """Whether a variable made in an earlier fit already holds its values (they are kept)."""
+    return bool(session.run(tf.compat.v1.is_variable_initialized(variable)))
 
 
 def _ratio(moved: float, before: float) -> float:

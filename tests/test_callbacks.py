@@ -263,3 +263,24 @@ def test_noise_scale_recovers_b_simple_on_a_known_problem(rng):
     model.fit(x, y, batch_size=batch_size, epochs=8, verbose=0, callbacks=[logger])
     assert logger.noise.estimate == pytest.approx(expected, rel=0.1)
     assert logger.history[-1]["noise_scale"] == logger.noise.estimate
+
+
+def test_the_command_line_summarizes_a_logged_run(rng, tmp_path, capsys):
+    from compatgrad import cli
+
+    model = classifier(kit.sgd(learning_rate=0.1))
+    x, y = data(rng)
+    logger = GradientLogger(log_dir=str(tmp_path))
+    fit(model, x, y, logger, epochs=1)
+
+    assert cli.main(["tensorboard", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    norms = [entry["global_norm"] for entry in logger.history]
+    assert out[0] == f"steps 1-{STEPS} ({STEPS} logged)"
+    assert out[1] == (
+        f"global norm: first {norms[0]:.4g}, last {norms[-1]:.4g}, min {min(norms):.4g}, max {max(norms):.4g}"
+    )
+    last = logger.history[-1]["layer_norms"]
+    assert out[2] == f"layer norms, last: head {last['head']:.4g}, hidden {last['hidden']:.4g}"
+    assert cli.main(["tensorboard", str(tmp_path / "nothing")]) == 2  # one line on stderr
+    assert "no TensorBoard event files" in capsys.readouterr().err

@@ -22,47 +22,25 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from compatgrad.callbacks import AnyKerasCallback
+
 from .per_example import child, load
 
 RATIOS = "callback ratios: "
 
 
-class EpochTimer:
-    """The duration of each epoch, as a callback of any Keras (the logger's hooks, and no others)."""
-
-    _supports_tf_logs = True
-    _chief_worker_only = None
+class EpochTimer(AnyKerasCallback):
+    """The duration of each epoch."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.durations: List[float] = []
-        self.model: Any = None
-        self.params: Dict[str, Any] = {}
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self.start = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self.durations.append(time.perf_counter() - self.start)
-
-    def set_model(self, model: Any) -> None:
-        self.model = model
-
-    def set_params(self, params: Dict[str, Any]) -> None:
-        self.params = params
-
-    def _implements_train_batch_hooks(self) -> bool:
-        return False
-
-    def _implements_test_batch_hooks(self) -> bool:
-        return False
-
-    def _implements_predict_batch_hooks(self) -> bool:
-        return False
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("on_"):
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

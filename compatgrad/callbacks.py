@@ -18,7 +18,41 @@ from .errors import InvalidArgumentError
 LOG = logging.getLogger("compatgrad")
 
 
-class GradientLogger:
+class AnyKerasCallback:
+    """A callback any Keras' ``fit`` takes (duck-typed to each ``CallbackList``, so that this module
+    imports no Keras): the hooks a subclass does not define do nothing."""
+
+    # What Keras' CallbackList reads of a callback besides its hooks (TF 2.3+, Keras 3).
+    _supports_tf_logs = True  # it reads no logs: Keras need not turn them into numbers for it
+    _chief_worker_only = None
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.params: Dict[str, Any] = {}
+
+    def set_params(self, params: Dict[str, Any]) -> None:
+        self.params = params
+
+    def set_model(self, model: Any) -> None:
+        self.model = model
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return any(hasattr(type(self), hook) for hook in ("on_train_batch_begin", "on_train_batch_end"))
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return any(hasattr(type(self), hook) for hook in ("on_test_batch_begin", "on_test_batch_end"))
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return any(hasattr(type(self), hook) for hook in ("on_predict_batch_begin", "on_predict_batch_end"))
+
+    def __getattr__(self, name: str) -> Any:
+        """Every other hook of any Keras (``on_epoch_begin``, ``on_test_batch_end``, ...) does nothing."""
+        if name.startswith("on_"):
+            return _nothing
+        raise AttributeError(name)
+
+
+class GradientLogger(AnyKerasCallback):
     """A Keras callback (any flavour: it is duck-typed to each Keras' ``CallbackList``) recording the
     gradients the training step applies, on the batches ``fit`` trains on, with no pass of its own: the
     optimizer's apply method is wrapped while ``fit`` traces its step, and keeps what the optimizer
@@ -51,10 +85,6 @@ class GradientLogger:
     it) into one array the logger reads after the step; the gradients are copied out only where
     ``on_gradients`` or histograms need them.
     """
-
-    # What Keras' CallbackList reads of a callback besides its hooks (TF 2.3+, Keras 3).
-    _supports_tf_logs = True  # it reads no logs: Keras need not turn them into numbers for it
-    _chief_worker_only = None
 
     def __init__(
         self,
@@ -90,8 +120,7 @@ class GradientLogger:
             )
         self.noise = NoiseScale(noise_scale_batch_size, noise_scale_window, noise_scale_smoothing)
         self.history: List[Dict[str, Any]] = []
-        self.model: Any = None
-        self.params: Dict[str, Any] = {}
+        super().__init__()
         self._tap: Any = None
         self._writer: Any = None
         self._training = False
@@ -101,9 +130,6 @@ class GradientLogger:
         self._alerted: set = set()
 
     # --- Keras' hooks ---------------------------------------------------------------------------------
-
-    def set_params(self, params: Dict[str, Any]) -> None:
-        self.params = params
 
     def set_model(self, model: Any) -> None:
         """Called as ``fit`` (or ``evaluate``, ``predict``) starts, before ``fit`` makes its train function:
@@ -168,21 +194,6 @@ class GradientLogger:
 
     def on_predict_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
         self._remove()
-
-    def _implements_train_batch_hooks(self) -> bool:
-        return True
-
-    def _implements_test_batch_hooks(self) -> bool:
-        return False
-
-    def _implements_predict_batch_hooks(self) -> bool:
-        return False
-
-    def __getattr__(self, name: str) -> Any:
-        """Every other hook of any Keras (``on_epoch_begin``, ``on_test_batch_end``, ...) does nothing."""
-        if name.startswith("on_"):
-            return _nothing
-        raise AttributeError(name)
 
     # --- What is logged ---------------------------------------------------------------------------------
 

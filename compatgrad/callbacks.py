@@ -118,9 +118,9 @@ class GradientLogger(AnyKerasCallback):
                 "a window of 2 steps or more and a smoothing in [0, 1)",
                 f"{noise_scale_window!r}, {noise_scale_smoothing!r}",
             )
+        super().__init__()
         self.noise = NoiseScale(noise_scale_batch_size, noise_scale_window, noise_scale_smoothing)
         self.history: List[Dict[str, Any]] = []
-        super().__init__()
         self._tap: Any = None
         self._writer: Any = None
         self._training = False
@@ -134,11 +134,8 @@ class GradientLogger(AnyKerasCallback):
     def set_model(self, model: Any) -> None:
         """Called as ``fit`` (or ``evaluate``, ``predict``) starts, before ``fit`` makes its train function:
         the tap goes in here, so that the function is traced with it."""
-        from .backends._tap import (
-            Tap,  # imports TensorFlow, which the model's Keras has imported
-            layer_of,
-            weight_names,
-        )
+        # These import TensorFlow, which the model's Keras has imported.
+        from .backends._tap import Tap
         from .detect import flavour_of
 
         self.model = model
@@ -147,9 +144,16 @@ class GradientLogger(AnyKerasCallback):
             self._tap = Tap(model, flavour_of(model), self.clip, keep, self.noise.batch_size is not None)
         if not self._tap.patched:
             self._tap.install()
-            self._weights = list(model.trainable_weights)
-            self._names = weight_names(self._weights)
-            self._layers = layer_of(model)
+            if model.built:  # else its first step builds it (on_train_batch_end looks again)
+                self._describe(model)
+
+    def _describe(self, model: Any) -> None:
+        """The model's trainable weights, their names and their layers' names."""
+        from .backends._tap import layer_of, weight_names
+
+        self._weights = list(model.trainable_weights)
+        self._names = weight_names(self._weights)
+        self._layers = layer_of(model)
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         self._training = True
@@ -158,6 +162,8 @@ class GradientLogger(AnyKerasCallback):
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         step = self._step()
+        if len(self._weights) != len(self.model.trainable_weights):  # built by its first step
+            self._describe(self.model)
         if self.noise.batch_size is not None and step % self.noise.window == 0:
             self.noise.update(step, *self._tap.sums_so_far(self._weights))
         if step % self.every:

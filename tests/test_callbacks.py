@@ -216,6 +216,21 @@ def test_alerts_are_logged_once_per_layer_and_kept_in_history(rng, caplog):
     assert len(warnings) == 2 and all("exploding" in w for w in warnings)
 
 
+def test_a_model_built_by_its_first_step_is_logged_from_that_step(rng):
+    model = keras.Sequential([layers.Dense(6, activation="tanh"), layers.Dense(3, activation="softmax")])
+    model.compile(kit.sgd(), "sparse_categorical_crossentropy")
+    x, y = data(rng)
+    collect = Collect()
+    logger = GradientLogger(on_gradients=collect)
+    fit(model, x, y, logger, epochs=1)
+
+    assert len(logger.history) == STEPS
+    for entry in logger.history:  # every weight, from the first step on
+        grads = collect.grads[entry["step"]]
+        assert [np.shape(g) for g in grads] == [tuple(w.shape) for w in model.trainable_weights]
+        assert list(entry["norms"].values()) == pytest.approx([np.linalg.norm(g) for g in grads], rel=1e-5)
+
+
 def test_a_train_function_set_from_outside_is_refused_and_kept(rng):
     model = classifier(kit.sgd())
     x, y = data(rng)

@@ -74,25 +74,22 @@ class Tap:
         assert model is not None  # the logger holds it
         every = [self.steps_class(optimizer) for optimizer in optimizers_of(model)]
         _check(model, every, self.clip, self.graph)
-        weights = list(model.trainable_weights)
-        self.index = {id(w): i for i, w in enumerate(weights)}
-        with tf.init_scope():
-            self.squares = tf.Variable(-tf.ones([3, len(weights)], tf.float32), trainable=False)
+        self.squares = None  # made by the first step traced: a model may build its weights there
         for steps in every:
             self._patch(steps)
         fits = model.train_function
         model.train_function = None
         if not self.graph:  # Keras makes it again as fit starts, traced with the wrappers
-            self.clear = -tf.ones([3, len(weights)], tf.float32)
             return
         model._make_train_function()
         tapped = model.train_function
         session = self.backend.get_session()
-        created = [self.squares, *self.grads.values(), *self.sums.values()]
-        created += [] if self.sum_of_squares is None else [self.sum_of_squares]
-        session.run(tf.compat.v1.variables_initializer([v for v in created if not _initialized(session, v)]))
-        with session.graph.as_default():
-            self.clear = self.squares.assign(-tf.ones_like(self.squares))
+        created = [self.squares, *self.grads.values(), *self.sums.values(), self.sum_of_squares]
+        made = [v for v in created if v is not None and not _initialized(session, v)]
+        session.run(tf.compat.v1.variables_initializer(made))
+        if self.squares is not None:
+            with session.graph.as_default():
+                self.clear = self.squares.assign(-tf.ones_like(self.squares))
         if fits is not None:  # fit holds this one: it runs the tapped graph until remove
             self.replaced = (fits, dict(vars(fits)))
             vars(fits).update(vars(tapped))
@@ -117,6 +114,8 @@ class Tap:
         """What the steps since the last read wrote; ``with_grads``: the gradients too (if kept)."""
         columns = [self.index.get(id(w)) for w in weights]
         grads = [self.grads.get(id(w)) for w in weights] if with_grads and self.keep else []
+        if self.squares is None:  # no step has run
+            return Record([None] * len(weights), [None] * len(weights), [None] * len(weights))
         values = self.values([self.squares] + [g for g in grads if g is not None])
         squares, arrays = values[0], iter(values[1:])
         if self.graph:
@@ -240,11 +239,25 @@ class Tap:
             ]
 
     def _scatter(self, row: int, variables: List[Any], values: List[Any]) -> Any:
+        squares = self._squares()
         indices = [[row, self.index[id(v)]] for v in variables if id(v) in self.index]
         kept = [value for v, value in zip(variables, values) if id(v) in self.index]
         if not indices:
             return tf.no_op()
-        return self.squares.scatter_nd_update(tf.constant(indices), tf.stack(kept))
+        return squares.scatter_nd_update(tf.constant(indices), tf.stack(kept))
+
+    def _squares(self) -> Any:
+        """The (3, weights) array, made when the first step is traced (or built), when the model's
+        weights exist, outside the step."""
+        if self.squares is None:
+            model = self.model_ref()
+            assert model is not None  # it is being traced
+            weights = list(model.trainable_weights)
+            self.index = {id(w): i for i, w in enumerate(weights)}
+            with tf.init_scope():
+                self.squares = tf.Variable(-tf.ones([3, len(weights)], tf.float32), trainable=False)
+                self.clear = None if self.graph else -tf.ones([3, len(weights)], tf.float32)
+        return self.squares
 
     def _sum(self, variable: Any) -> Any:
         if id(variable) not in self.sums:

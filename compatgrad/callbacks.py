@@ -164,7 +164,7 @@ class GradientLogger(AnyKerasCallback):
         step = self._step()
         if len(self._weights) != len(self.model.trainable_weights):  # built by its first step
             self._describe(self.model)
-        if self.noise.batch_size is not None and step % self.noise.window == 0:
+        if self.noise.due(step):
             self.noise.update(step, *self._tap.sums_so_far(self._weights))
         if step % self.every:
             return
@@ -267,9 +267,13 @@ class NoiseScale:
         self.averages: Optional[List[float]] = None  # of |G|^2 and tr(Sigma)
         self.start: Optional[Tuple[int, float, List[Any]]] = None  # (step, sums so far)
 
+    def due(self, step: int) -> bool:
+        """Whether a window ends at ``step`` (or the first one starts): the sums are read then."""
+        return self.batch_size is not None and (self.start is None or step - self.start[0] >= self.window)
+
     def update(self, step: int, sum_of_squares: float, sums: List[Optional[np.ndarray]]) -> None:
         start, self.start = self.start, (step, sum_of_squares, sums)
-        if start is None or self.batch_size is None or step - start[0] < 2:
+        if start is None or self.batch_size is None:
             return
         count = step - start[0]
         small = (sum_of_squares - start[1]) / count  # S

@@ -66,11 +66,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     return failed | memory()
 
 
-def child(arguments: List[str]) -> Any:
+def child(arguments: List[str], module: str = "benchmarks.per_example") -> Any:
+    """``python -m module arguments`` in a fresh process, this checkout first on its path."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     sys.stdout.flush()
-    command = [sys.executable, "-m", "benchmarks.per_example"] + arguments
+    command = [sys.executable, "-m", module] + arguments
     return subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
 
 

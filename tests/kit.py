@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from compatgrad.errors import InvalidArgumentError
+
 FLAVOUR = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
 TF1 = not hasattr(tf, "function") or tf.__version__.startswith("1.")
 MODE = "graph" if TF1 else os.environ.get("COMPATGRAD_MODE", "eager")
@@ -375,6 +377,34 @@ JIT_COMPILE = Capability(
     reason="Model.compile takes jit_compile from TF 2.8 on",
     raises=TypeError,  # "Invalid keyword argument(s) in `compile`"
 )
+UNCLIPPED_IN_APPLY = Capability(
+    name="unclipped gradients in apply_gradients",
+    missing_in=lambda cell: cell.flavour != "keras" and cell.tf < (2, 4),
+    reason=(
+        "tf.keras before TF 2.4 clips in get_gradients (TF 2.2-2.3: and the train step), before "
+        "apply_gradients: the step's unclipped gradients never reach the optimizer"
+    ),
+    raises=InvalidArgumentError,
+)
+UNTOUCHED_CLIPNORM_GRAPH = Capability(
+    name="clipnorm's graph untouched by a reader",
+    missing_in=lambda cell: cell.flavour == "keras" and cell.keras >= (2, 3),
+    reason=(
+        "standalone Keras 2.3 clips by the global norm in plain graph ops that Grappler rewrites by "
+        "what reads the gradients: with GradientLogger's tap reading them too, the weights train to "
+        "within an ulp of those without it, not bit for bit (without clipnorm they are identical)"
+    ),
+    raises=AssertionError,
+)
+UPDATES_READ_IN_THE_STEP = Capability(
+    name="updates read in the step",
+    missing_in=lambda cell: cell.flavour == "keras" and cell.keras < (2, 3),
+    reason=(
+        "standalone Keras 2.2's weights are RefVariables, read through a snapshot the update overwrites "
+        "in place: GradientLogger records no update ratios there"
+    ),
+    raises=AssertionError,
+)
 # Declared skips: nothing to try where these are missing (test_no_side_effects reads the first two itself).
 LOSS_SCALE_PER_MODEL = Capability(
     name="a loss scale per model",
@@ -411,6 +441,9 @@ CAPABILITIES = [
     ADAMW,
     LOSS_CLASSES,
     JIT_COMPILE,
+    UNCLIPPED_IN_APPLY,
+    UNTOUCHED_CLIPNORM_GRAPH,
+    UPDATES_READ_IN_THE_STEP,
     LOSS_SCALE_PER_MODEL,
     RACE_FREE_STEP,
     TF_KERAS_NEXT_TO_KERAS3,

@@ -85,3 +85,29 @@ def test_per_example_blocks_run_and_score_as_the_step():
         assert abs(scores[start : start + 16].sum() - expected) <= 1e-4 * max(1.0, abs(expected))
     alone = np.array([np.linalg.norm(applied(x[i : i + 1], y[i : i + 1])) / len(x) for i in range(len(x))])
     assert np.max(np.abs(norms - alone)) <= 1e-4 * max(1.0, np.max(alone))
+
+
+def test_gradient_logger_block_logs_the_steps(rng, tmp_path):
+    """The first logged step's global norm is that of train_on_batch's step on the first batch
+    (SGD(1.0): w0 - w1), taken on a twin with the same weights."""
+    text = open(README).read()
+    section = text.split("## Logging the gradients fit applies", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    layers = kit.keras.layers
+
+    def classifier():
+        model = kit.keras.Sequential([layers.Dense(5, activation="tanh", input_shape=(4,)), layers.Dense(1)])
+        model.compile(kit.sgd(), "mse")
+        return model
+
+    model, twin = classifier(), classifier()
+    twin.set_weights(model.get_weights())
+    x, y = rng.randn(32, 4).astype("float32"), rng.randn(32, 1).astype("float32")
+    namespace = {"model": model, "x": x, "y": y, "log_dir": str(tmp_path)}
+    exec(compile(block, README, "exec"), namespace)
+    first = kit.train_step_delta(twin, x[:16], y[:16])
+    assert namespace["first"]["global_norm"] == pytest.approx(
+        np.linalg.norm([np.linalg.norm(g) for g in first]), rel=1e-5
+    )
+    assert [entry["step"] for entry in namespace["logger"].history] == [1, 2, 3, 4]
+    assert os.listdir(str(tmp_path))  # an event file

@@ -77,6 +77,32 @@ class Steps:
             [(g, v) for g, (_, v) in zip(grads, pairs)], every if aggregate else (), clipped
         )
 
+    def intercepted(
+        self, record: Callable[[Pairs, bool], Tuple[List[Any], Callable[[Any], Any]]]
+    ) -> Callable[..., Any]:
+        """The optimizer's ``apply_method`` calling ``record(pairs, aggregate)`` with what it is handed
+        (gradients not None; whether the call sums across replicas) before it applies them. ``record``
+        returns what the update must run after (graph mode: reads of the weights before it) and
+        ``after(result)``, called on what the method returns, and returned in its place."""
+        original = getattr(self.optimizer, self.apply_method)
+        keras3 = self.apply_method == "apply"
+
+        def apply(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+            if keras3:  # apply(grads, trainable_variables=None)
+                variables = args[0] if args else kwargs.get("trainable_variables")
+                variables = self.optimizer._trainable_variables if variables is None else variables
+                pairs = list(zip(grads_and_vars, variables))
+            else:  # apply_gradients(grads_and_vars, name=None, experimental_aggregate_gradients=True)
+                grads_and_vars = pairs = list(grads_and_vars)
+            # Keras 2 steps that sum across replicas themselves say so (OptimizerV2 / optimizer.Optimizer).
+            first, after = record(
+                [(g, v) for g, v in pairs if g is not None], versions.apply_call_sums(kwargs)
+            )
+            with tf.control_dependencies(first):
+                return after(original(grads_and_vars, *args, **kwargs))
+
+        return apply
+
     def gradients(
         self,
         scaled_loss: Tensor,

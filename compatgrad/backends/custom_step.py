@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 import tensorflow as tf
 
-from .. import _paths, versions
+from .. import _paths
 from .._cache import cached
 from .._types import Model, ModelRef, Variable
 from ..arguments import name_of
@@ -152,33 +152,26 @@ class Interceptor:
         patched = []
         try:
             for optimizer in optimizers:
-                setattr(optimizer, name, self._wrap(optimizer, getattr(optimizer, name), name == "apply"))
+                setattr(optimizer, name, self._wrap(self.steps_class(optimizer)))
                 patched.append(optimizer)
             yield
         finally:
             for optimizer in patched:
                 delattr(optimizer, name)
 
-    def _wrap(self, optimizer: Any, original: Callable, keras3: bool) -> Callable:
-        steps = self.steps_class(optimizer)
-
-        def apply(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
-            if keras3:  # apply(grads, trainable_variables=None)
-                variables = args[0] if args else kwargs.get("trainable_variables")
-                variables = optimizer._trainable_variables if variables is None else variables
-                pairs = list(zip(grads_and_vars, variables))
-            else:  # apply_gradients(grads_and_vars, name=None, experimental_aggregate_gradients=True)
-                grads_and_vars = pairs = list(grads_and_vars)
-            # Keras 2 steps that sum across replicas themselves say so (OptimizerV2 / optimizer.Optimizer).
-            aggregate = versions.apply_call_sums(kwargs)
+    def _wrap(self, steps: Steps) -> Callable:
+        def record(pairs: List[Tuple[Any, Any]], aggregate: bool) -> Tuple[List[Any], Callable[[Any], Any]]:
             recorder = self.recorder()
-            recorder.record(steps, [(g, v) for g, v in pairs if g is not None], aggregate)
-            result = original(grads_and_vars, *args, **kwargs)
-            for _, v in pairs:
-                recorder.after[id(v)] = tf.identity(v)
-            return result
+            recorder.record(steps, pairs, aggregate)
 
-        return apply
+            def after(result: Any) -> Any:
+                for _, v in pairs:
+                    recorder.after[id(v)] = tf.identity(v)
+                return result
+
+            return [], after
+
+        return steps.intercepted(record)
 
 
 class Recorder:

@@ -1,4 +1,5 @@
-"""The ``compatgrad`` command line: doctor, check, grads. Bad input: one line on stderr, exit code 2."""
+"""The ``compatgrad`` command line: doctor, check, grads, tensorboard. Bad input: one line on stderr, exit
+code 2."""
 
 import argparse
 import json
@@ -45,13 +46,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         metavar="NORMS.png",
         help="bar chart of the gradient norms (needs matplotlib: compatgrad[plot])",
     )
+    board = commands.add_parser("tensorboard", help="a summary of the gradients a GradientLogger logged")
+    board.add_argument("log_dir", metavar="LOGDIR", help="the GradientLogger's log_dir")
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        return {"doctor": _doctor, "check": _check, "grads": _grads}[args.command](args)
+        commands_run = {"doctor": _doctor, "check": _check, "grads": _grads, "tensorboard": _tensorboard}
+        return commands_run[args.command](args)
     except Exception as error:
         if args.debug:
             raise
@@ -112,4 +116,11 @@ def _grads(args: argparse.Namespace) -> int:
         np.savez(args.out, **cast(Dict[str, Any], grads))  # numpy's stub reads ** as allow_pickle
     if args.plot:
         report.plot(grads, args.plot)
+    return 0
+
+
+def _tensorboard(args: argparse.Namespace) -> int:
+    from . import gradlog
+
+    print(gradlog.summary(gradlog.read(args.log_dir)))
     return 0

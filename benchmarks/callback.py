@@ -1,0 +1,132 @@
+"""``fit`` with ``GradientLogger`` next to ``fit`` without it.
+
+    python -m benchmarks.callback [--mode eager|graph] [--processes 3] [--rounds 5]
+
+Without ``--mode`` it runs each mode this TensorFlow has, in ``--processes`` fresh processes. Per
+workload (MLP 784-256-10, batches of 128, 80 a epoch; conv 32x32x3, batches of 64, 40 a epoch), one
+model trains in turns: ``fit`` of 2 epochs without a logger, with a logger tapping every step
+(norms), with one also writing all of it to TensorBoard and histograms every 100 steps. A fit's
+figure is its second epoch (the first traces the train function: the logger's is traced again at
+each ``fit``), timed by a callback; a round's ratio is with / without, a process's the median over
+rounds, the figure the median over processes. Targets (issue 19): norms every step <= 1.05,
+histograms every 100 steps (and all of it written to TensorBoard) <= 1.10. COMPATGRAD_KERAS picks
+the flavour as in the tests.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from compatgrad.callbacks import AnyKerasCallback
+
+from .per_example import child, load
+
+RATIOS = "callback ratios: "
+
+
+class EpochTimer(AnyKerasCallback):
+    """The duration of each epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.durations: List[float] = []
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.durations.append(time.perf_counter() - self.start)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.callback", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--mode", choices=("eager", "graph"))
+    parser.add_argument("--processes", type=int, default=3, help="fresh processes per mode")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per process")
+    args = parser.parse_args(argv)
+    if args.mode:
+        return run_mode(args.mode, args.rounds)
+    failed = 0
+    for mode in ("eager", "graph"):
+        per_process = []
+        for _ in range(args.processes):
+            run = child(["--mode", mode, "--rounds", str(args.rounds)], "benchmarks.callback")
+            print(run.stdout, end="")
+            failed |= run.returncode
+            per_process += [
+                json.loads(line[len(RATIOS) :]) for line in run.stdout.splitlines() if line.startswith(RATIOS)
+            ]
+        if per_process:
+            print(f"\n== fit with GradientLogger, {mode} mode over {len(per_process)} processes:")
+            print("the median (each process's)")
+            for workload, row in per_process[0].items():
+                cells = [
+                    f"{name} {np.median([p[workload][name] for p in per_process]):.3f} "
+                    f"({', '.join(f'{p[workload][name]:.3f}' for p in per_process)})"
+                    for name in row
+                ]
+                print(f"{workload:<28} " + "; ".join(cells))
+    return failed
+
+
+def run_mode(mode: str, rounds: int) -> int:
+    tf, keras = load(mode)
+    keras3 = keras.Model.__module__.endswith(".models.model")
+    print(
+        f"\n== fit with GradientLogger, {mode} mode: TF {tf.__version__}, {getattr(keras, '__version__', '')}"
+    )
+    if (mode == "eager" and tf.__version__.startswith("1.")) or (mode == "graph" and keras3):
+        print("skipped: this TensorFlow and Keras do not train in this mode")
+        return 0
+    from compatgrad.callbacks import GradientLogger
+
+    from .speed import build_workloads
+
+    rng = np.random.RandomState(0)
+    log_dir = tempfile.mkdtemp(prefix="compatgrad-bench-")  # TensorBoard's event files, left for a look
+    figures: Dict[str, Dict[str, float]] = {}
+    for workload, steps in zip(build_workloads(keras, mode == "graph", rng, lambda *a: [])[:2], (80, 40)):
+        x = np.concatenate([workload.x] * steps)
+        y = np.concatenate([workload.y] * steps)
+        variants = {
+            "without": lambda: [],
+            "norms every step": lambda: [GradientLogger()],
+            "histograms every 100": lambda: [GradientLogger(histograms_every=100, log_dir=log_dir)],
+        }
+        seconds: Dict[str, List[float]] = {name: [] for name in variants}
+        for _ in range(rounds):
+            for name, loggers in variants.items():
+                timer = EpochTimer()
+                workload.model.fit(
+                    x,
+                    y,
+                    batch_size=len(workload.x),
+                    epochs=2,
+                    shuffle=False,
+                    verbose=0,
+                    callbacks=[timer] + loggers(),
+                )
+                seconds[name].append(timer.durations[1])
+        row = {
+            name: float(np.median(np.array(seconds[name]) / np.array(seconds["without"])))
+            for name in variants
+            if name != "without"
+        }
+        figures[workload.name] = row
+        epoch = ", ".join(f"{name} {np.median(s) * 1e3:.0f}" for name, s in seconds.items())
+        print(
+            f"{workload.name:<28} ms per epoch: {epoch}; " + ", ".join(f"{k} {v:.3f}" for k, v in row.items())
+        )
+    print(RATIOS + json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

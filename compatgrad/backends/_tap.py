@@ -1,0 +1,335 @@
+"""The gradients ``fit`` applies, kept as it trains: the optimizer's apply method, wrapped while ``fit``'s
+train function is made, takes what the optimizer applies (``_steps``: unscaled, aggregated, clipped as
+that Keras does) into variables of its own, then applies as before.
+
+Nothing runs twice: the wrapper sees the gradients the step computed once. The update itself is the
+optimizer's own call on the step's own gradients, so training is bit for bit what it is without a tap.
+Per weight the step writes the squared norms of its gradient, of its update and of the weight before it
+into one (3, weights) array, read in one go after the step; the gradients themselves only if asked for.
+
+Eager (tf.keras 2.2+, tf_keras, Keras 3): the train function is made again, traced with the wrapper, and
+dropped after ``fit``. Graph mode (TF 1.x, TF 2 graph mode, standalone Keras): ``fit`` has made its
+``K.function`` before any callback hears of it, and holds it; the tapped function is built next to it and
+takes its place in that same object for the run, which gets its own back after.
+"""
+
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+
+import numpy as np
+import tensorflow as tf
+
+from .. import _paths
+from .._types import Model
+from ..arguments import name_of
+from ..detect import Flavour
+from ..errors import InvalidArgumentError, UnsupportedModelError
+from ._distribute import strategy_of
+from ._state import all_layers
+from ._steps import Keras2Steps, Keras3Steps, Steps
+from .custom_step import optimizers_of
+
+Pairs = List[Tuple[Any, Any]]
+GRAD, MOVED, BEFORE = 0, 1, 2  # the rows of the squared norms: gradient, update, weight before it
+
+
+class Record:
+    """What the steps since the last read applied, per trainable weight (``model.trainable_weights``'
+    order); None where they applied nothing, or for what was not kept."""
+
+    def __init__(
+        self,
+        norms: List[Optional[float]],
+        update_ratios: List[Optional[float]],
+        grads: List[Optional[np.ndarray]],
+    ):
+        self.norms, self.update_ratios, self.grads = norms, update_ratios, grads
+
+
+class Tap:
+    """Installed on a model for one ``fit``: ``install`` as ``fit`` starts, ``read`` after a step,
+    ``remove`` when ``fit`` ends. ``keep``: also the gradients themselves, not only their norms;
+    ``accumulate``: also their running sum and the running sum of their squared norms (float64)."""
+
+    def __init__(self, model: Model, flavour: Flavour, clip: bool, keep: bool, accumulate: bool = False):
+        if strategy_of(model) is not None:
+            raise UnsupportedModelError(
+                "model: built under a distribution strategy; GradientLogger does not tap replicated steps yet"
+            )
+        self.model_ref = weakref.ref(model)
+        self.clip, self.keep, self.accumulate, self.graph = clip, keep, accumulate, flavour.graph
+        self.backend = _paths.load(flavour.root, "backend")
+        self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
+        self.patched: List[Tuple[Any, str]] = []  # (optimizer, the method wrapped)
+        self.replaced: Optional[Tuple[Any, Dict[str, Any]]] = None  # graph: (fit's K.function, its state)
+        self.index: Dict[int, int] = {}  # id(weight) -> its column
+        self.squares: Any = None  # (3, weights): -1 where no step wrote since the last read
+        self.grads: Dict[int, Any] = {}  # id(weight) -> its last gradient (``keep``)
+        self.sums: Dict[int, Any] = {}  # id(weight) -> the sum of its gradients so far (``accumulate``)
+        self.sum_of_squares: Any = None  # of every gradient's squared norm so far (``accumulate``)
+        self.clear: Any = None  # -1 for every entry of ``squares`` (graph mode: the op that assigns it)
+
+    def install(self) -> None:
+        model = self.model_ref()
+        assert model is not None  # the logger holds it
+        every = [self.steps_class(optimizer) for optimizer in optimizers_of(model)]
+        _check(model, every, self.clip, self.graph)
+        self.squares = None  # made by the first step traced: a model may build its weights there
+        for steps in every:
+            self._patch(steps)
+        fits = model.train_function
+        model.train_function = None
+        if not self.graph:  # Keras makes it again as fit starts, traced with the wrappers
+            return
+        model._make_train_function()
+        tapped = model.train_function
+        session = self.backend.get_session()
+        created = [self.squares, *self.grads.values(), *self.sums.values(), self.sum_of_squares]
+        made = [v for v in created if v is not None and not _initialized(session, v)]
+        session.run(tf.compat.v1.variables_initializer(made))
+        if self.squares is not None:
+            with session.graph.as_default():
+                self.clear = self.squares.assign(-tf.ones_like(self.squares))
+        if fits is not None:  # fit holds this one: it runs the tapped graph until remove
+            self.replaced = (fits, dict(vars(fits)))
+            vars(fits).update(vars(tapped))
+            model.train_function = fits
+
+    def remove(self) -> None:
+        for optimizer, method in self.patched:
+            delattr(optimizer, method)
+        self.patched = []
+        model = self.model_ref()
+        if model is not None:
+            model.train_function = None  # the tapped one: the next call makes Keras' own again
+        if self.replaced is not None:
+            fits, state = self.replaced
+            vars(fits).clear()
+            vars(fits).update(state)
+            if model is not None:
+                model.train_function = fits
+            self.replaced = None
+
+    def read(self, weights: List[Any], with_grads: bool) -> Record:
+        """What the steps since the last read wrote; ``with_grads``: the gradients too (if kept)."""
+        columns = [self.index.get(id(w)) for w in weights]
+        grads = [self.grads.get(id(w)) for w in weights] if with_grads and self.keep else []
+        if self.squares is None:  # no step has run
+            return Record([None] * len(weights), [None] * len(weights), [None] * len(weights))
+        values = self.values([self.squares] + [g for g in grads if g is not None])
+        squares, arrays = values[0], iter(values[1:])
+        if self.graph:
+            self.backend.get_session().run(self.clear)
+        else:
+            self.squares.assign(self.clear)
+        norms: List[Optional[float]] = []
+        ratios: List[Optional[float]] = []
+        kept: List[Optional[np.ndarray]] = []
+        for i, column in enumerate(columns):
+            array = next(arrays) if grads and grads[i] is not None else None
+            grad, moved, before = squares[:, column] if column is not None else (-1.0, -1.0, -1.0)
+            written = grad >= 0
+            norms.append(float(np.sqrt(grad)) if written else None)
+            ratios.append(_ratio(moved, before) if written and moved >= 0 else None)
+            kept.append(array if written else None)
+        return Record(norms, ratios, kept)
+
+    def sums_so_far(self, weights: List[Any]) -> Tuple[float, List[Optional[np.ndarray]]]:
+        """(The sum of every applied gradient's squared norm, per weight the sum of its gradients)."""
+        sums = [self.sums.get(id(w)) for w in weights]
+        if self.sum_of_squares is None:
+            return 0.0, [None] * len(weights)
+        values = iter(self.values([self.sum_of_squares] + [v for v in sums if v is not None]))
+        total = float(next(values))
+        return total, [None if v is None else next(values) for v in sums]
+
+    def values(self, variables: List[Any]) -> List[Any]:
+        if self.graph:
+            return list(self.backend.get_session().run(variables))
+        return [np.asarray(v.numpy()) for v in variables]
+
+    # --- The wrappers ----------------------------------------------------------------------------
+
+    def _patch(self, steps: Steps) -> None:
+        optimizer = steps.optimizer
+        if hasattr(optimizer, steps.apply_method):
+            setattr(optimizer, steps.apply_method, steps.intercepted(self._recorder(steps)))
+            self.patched.append((optimizer, steps.apply_method))
+        else:  # standalone Keras: get_updates takes get_gradients' gradients to ops of its own
+            optimizer.get_updates = self._get_updates(steps)
+            self.patched.append((optimizer, "get_updates"))
+
+    def _recorder(self, steps: Steps) -> Callable[[Pairs, bool], Tuple[List[Any], Callable[[Any], Any]]]:
+        def record(pairs: Pairs, aggregate: bool) -> Tuple[List[Any], Callable[[Any], Any]]:
+            steps.build([v for _, v in pairs])  # as its apply would, before its loss scale is read
+            writes = self._write(pairs, steps.applied(pairs, self.clip, aggregate))
+            before = self._before(pairs)
+
+            def after(result: Any) -> Any:
+                moved = self._moved(pairs, before, [result])
+                return tf.group(result, *writes, *moved) if self.graph else result
+
+            return ([] if before is None else before[:1]), after
+
+        return record
+
+    def _get_updates(self, steps: Steps) -> Callable[[Any, List[Any]], List[Any]]:
+        optimizer = steps.optimizer
+        get_updates, gradients = optimizer.get_updates, self.backend.gradients
+
+        def tapped(loss: Any, params: List[Any]) -> List[Any]:
+            raw: List[Any] = []
+
+            def kept(loss: Any, variables: List[Any]) -> List[Any]:
+                raw[:] = gradients(loss, variables)
+                return raw
+
+            pairs = [(None, v) for v in params]
+            before = self._before(pairs)
+            self.backend.gradients = kept  # type: ignore[attr-defined]  # get_gradients' call, before it clips
+            try:
+                with tf.control_dependencies([] if before is None else before[:1]):  # reads first
+                    updates = get_updates(loss, params)
+            finally:
+                self.backend.gradients = gradients  # type: ignore[attr-defined]
+            pairs = [(g, v) for g, v in zip(raw, params) if g is not None]
+            # Clipped again as get_gradients does (clip=False: not at all), from its raw gradients.
+            clipped = steps.clip(pairs) if self.clip and steps.clips else [g for g, _ in pairs]
+            return list(updates) + self._write(pairs, clipped) + self._moved(pairs, before, updates)
+
+        return tapped
+
+    def _write(self, pairs: Pairs, applied: List[Any]) -> List[Any]:
+        """The applied gradients' squared norms, and the gradients themselves where kept."""
+        grads = [tf.convert_to_tensor(g) for g in applied]
+        squares = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads]
+        writes = [self._scatter(GRAD, [v for _, v in pairs], squares)]
+        if self.keep:
+            writes += [
+                self._kept(v).assign(tf.cast(g, self._kept(v).dtype)) for (_, v), g in zip(pairs, grads)
+            ]
+        if self.accumulate and pairs:
+            writes += [self._sum(v).assign_add(tf.cast(g, tf.float64)) for (_, v), g in zip(pairs, grads)]
+            total = tf.add_n([tf.cast(square, tf.float64) for square in squares])
+            writes.append(self._sum_of_squares().assign_add(total))
+        return writes
+
+    def _before(self, pairs: Pairs) -> Any:
+        """The weights' squared norms before the update, stacked (their reads come before it), or None
+        where a weight is a RefVariable: TF 1.x reads one of those through a snapshot that the update
+        overwrites in place, so how far it moved cannot be read in the step."""
+        if any(type(v).__name__ == "RefVariable" for _, v in pairs):
+            return None
+        values = [tf.identity(v) for _, v in pairs]
+        return [tf.stack([tf.reduce_sum(tf.square(tf.cast(w, tf.float32))) for w in values])] + values
+
+    def _moved(self, pairs: Pairs, before: Any, updates: List[Any]) -> List[Any]:
+        if before is None or not pairs:
+            return []
+        norms, values = before[0], before[1:]
+        variables = [v for _, v in pairs]
+        with tf.control_dependencies(updates if self.graph else []):
+            moved = [
+                tf.reduce_sum(tf.square(tf.cast(tf.identity(v) - w, tf.float32)))
+                for v, w in zip(variables, values)
+            ]
+            return [
+                self._scatter(MOVED, variables, moved),
+                self._scatter(BEFORE, variables, tf.unstack(norms)),
+            ]
+
+    def _scatter(self, row: int, variables: List[Any], values: List[Any]) -> Any:
+        squares = self._squares()
+        indices = [[row, self.index[id(v)]] for v in variables if id(v) in self.index]
+        kept = [value for v, value in zip(variables, values) if id(v) in self.index]
+        if not indices:
+            return tf.no_op()
+        return squares.scatter_nd_update(tf.constant(indices), tf.stack(kept))
+
+    def _squares(self) -> Any:
+        """The (3, weights) array, made when the first step is traced (or built), when the model's
+        weights exist, outside the step."""
+        if self.squares is None:
+            model = self.model_ref()
+            assert model is not None  # it is being traced
+            weights = list(model.trainable_weights)
+            self.index = {id(w): i for i, w in enumerate(weights)}
+            with tf.init_scope():
+                self.squares = tf.Variable(-tf.ones([3, len(weights)], tf.float32), trainable=False)
+                self.clear = None if self.graph else -tf.ones([3, len(weights)], tf.float32)
+        return self.squares
+
+    def _sum(self, variable: Any) -> Any:
+        if id(variable) not in self.sums:
+            with tf.init_scope():
+                self.sums[id(variable)] = tf.Variable(tf.zeros(variable.shape, tf.float64), trainable=False)
+        return self.sums[id(variable)]
+
+    def _sum_of_squares(self) -> Any:
+        if self.sum_of_squares is None:
+            with tf.init_scope():
+                self.sum_of_squares = tf.Variable(tf.zeros([], tf.float64), trainable=False)
+        return self.sum_of_squares
+
+    def _kept(self, variable: Any) -> Any:
+        """The variable a weight's gradient is kept in, made outside the step the first time."""
+        if id(variable) not in self.grads:
+            with tf.init_scope():
+                dtype = tf.as_dtype(variable.dtype).base_dtype
+                self.grads[id(variable)] = tf.Variable(tf.zeros(variable.shape, dtype), trainable=False)
+        return self.grads[id(variable)]
+
+
+def _initialized(session: Any, variable: Any) -> bool:
+    """Whether a variable made in an earlier fit already holds its values (they are kept)."""
+    return bool(session.run(tf.compat.v1.is_variable_initialized(variable)))
+
+
+def _ratio(moved: float, before: float) -> float:
+    """How far the update moved the weight over its norm before (0 for a weight that was all zeros)."""
+    return float(np.sqrt(moved / before)) if before > 0 else 0.0
+
+
+def layer_of(model: Model) -> Dict[int, str]:
+    """id(weight) -> the name of the innermost layer holding it (a nested model's layers, not the model)."""
+    owner: Dict[int, Tuple[int, str]] = {}
+    for layer in all_layers(model):
+        weights = layer.trainable_weights
+        for weight in weights:
+            known = owner.get(id(weight))
+            if known is None or len(weights) < known[0]:
+                owner[id(weight)] = (len(weights), layer.name)
+    return {key: name for key, (_, name) in owner.items()}
+
+
+def weight_names(weights: List[Any]) -> List[str]:
+    return [name_of(w) for w in weights]
+
+
+def _check(model: Model, every: List[Steps], clip: bool, graph: bool) -> None:
+    """Refuse what the tap cannot record, before anything is changed."""
+    function = model.train_function
+    if function is not None and not _made_by_keras(function, graph):
+        raise UnsupportedModelError(
+            "model.train_function: expected the one Keras makes, got "
+            f"{getattr(function, '__qualname__', type(function).__name__)}; GradientLogger taps the step "
+            "Keras makes. Set model.train_function = None to train with Keras' own"
+        )
+    clips_before = [
+        s for s in every if s.clips and not s.clips_in_apply and hasattr(s.optimizer, s.apply_method)
+    ]
+    if not clip and clips_before:
+        raise InvalidArgumentError(
+            "clip",
+            "True for this optimizer: its Keras (TF < 2.4) clips in get_gradients or the train step, "
+            "before apply_gradients, so the unclipped gradients never reach the optimizer",
+            "False",
+        )
+
+
+def _made_by_keras(function: Any, graph: bool) -> bool:
+    """Eager: a function ``make_train_function`` defines; graph mode: a ``K.function`` of Keras' backend."""
+    if graph:
+        return type(function).__module__.split(".")[-1] in ("backend", "tensorflow_backend")
+    made_by = getattr(getattr(function, "python_function", function), "__qualname__", "")
+    return ".make_train_function.<locals>." in made_by

@@ -1,0 +1,380 @@
+"""Keras callbacks. ``GradientLogger``: the gradients ``fit`` applies, recorded while it trains.
+
+    logger = compatgrad.callbacks.GradientLogger(log_dir="logs/grads", histograms_every=100)
+    model.fit(x, y, callbacks=[logger])
+    logger.history[-1]["global_norm"]
+
+Importing this module imports no framework: the tap (``backends._tap``) comes with the first model.
+"""
+
+import logging
+import math
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+LOG = logging.getLogger("compatgrad")
+
+
+class AnyKerasCallback:
+    """A callback any Keras' ``fit`` takes (duck-typed to each ``CallbackList``, so that this module
+    imports no Keras): the hooks a subclass does not define do nothing."""
+
+    # What Keras' CallbackList reads of a callback besides its hooks (TF 2.3+, Keras 3).
+    _supports_tf_logs = True  # it reads no logs: Keras need not turn them into numbers for it
+    _chief_worker_only = None
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.params: Dict[str, Any] = {}
+
+    def set_params(self, params: Dict[str, Any]) -> None:
+        self.params = params
+
+    def set_model(self, model: Any) -> None:
+        self.model = model
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return any(hasattr(type(self), hook) for hook in ("on_train_batch_begin", "on_train_batch_end"))
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return any(hasattr(type(self), hook) for hook in ("on_test_batch_begin", "on_test_batch_end"))
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return any(hasattr(type(self), hook) for hook in ("on_predict_batch_begin", "on_predict_batch_end"))
+
+    def __getattr__(self, name: str) -> Any:
+        """Every other hook of any Keras (``on_epoch_begin``, ``on_test_batch_end``, ...) does nothing."""
+        if name.startswith("on_"):
+            return _nothing
+        raise AttributeError(name)
+
+
+class GradientLogger(AnyKerasCallback):
+    """A Keras callback (any flavour: it is duck-typed to each Keras' ``CallbackList``) recording the
+    gradients the training step applies, on the batches ``fit`` trains on, with no pass of its own: the
+    optimizer's apply method is wrapped while ``fit`` traces its step, and keeps what the optimizer
+    applies (after loss-scale removal, aggregation and clipping: ``get_gradients``' contract) in
+    variables this logger reads after the step. Training is bit for bit what it is without it.
+
+    Every ``every`` steps (a step: one update, counted by ``model.optimizer.iterations``; with
+    ``steps_per_execution`` above 1, the last step of each execution) it appends to ``history`` a dict:
+    ``step``, ``global_norm``, ``norms`` and ``update_ratios`` by weight name (how far the update moved
+    the weight over its norm before, 0 for a weight that was all zeros), ``layer_norms`` by layer name,
+    ``alerts``, and every ``histograms_every`` steps ``histograms`` (weight name -> numpy's
+    ``(counts, bin_edges)``). With ``log_dir`` it writes the same to TensorBoard; ``on_gradients(step,
+    grads)`` gets the applied gradients as numpy arrays in ``model.trainable_weights``' order (None for a
+    weight the step applied nothing to).
+
+    Alerts, logged once per layer and kind on the ``compatgrad`` logger: ``non-finite``, ``vanishing``
+    (a layer's norm under ``vanishing``), ``exploding`` (over ``exploding``).
+
+    ``clip=False`` records the gradients before the optimizer's clipping (``clipnorm``, ``clipvalue``,
+    ``global_clipnorm``); refused where tf.keras clips before the optimizer sees them (TF < 2.4).
+    Every Keras ``fit`` runs: eagerly (tf.keras 2.2+, tf_keras, Keras 3 on TensorFlow, custom
+    ``train_step`` models included) and in graph mode (TF 1.x, TF 2, standalone Keras; no update ratios
+    for standalone Keras 2.2's RefVariables). Distribution strategies and a ``train_function`` set from
+    outside Keras raise ``compatgrad.errors`` when ``fit`` starts, before anything is changed.
+
+    ``noise_scale_batch_size`` (the batch size ``fit`` trains with) turns on the gradient noise scale
+    estimate (``NoiseScale``), every ``noise_scale_window`` steps, in ``noise.estimate`` and ``history``.
+
+    The step itself computes each weight's squared norms (of its gradient, its update, the weight before
+    it) into one array the logger reads after the step; the gradients are copied out only where
+    ``on_gradients`` or histograms need them.
+    """
+
+    def __init__(
+        self,
+        log_dir: Optional[str] = None,
+        every: int = 1,
+        histograms_every: Optional[int] = None,
+        on_gradients: Optional[Callable[[int, List[Optional[np.ndarray]]], Any]] = None,
+        clip: bool = True,
+        vanishing: float = 1e-7,
+        exploding: float = 1e3,
+        noise_scale_batch_size: Optional[int] = None,
+        noise_scale_window: int = 8,
+        noise_scale_smoothing: float = 0.9,
+    ):
+        _check_every("every", every)
+        if histograms_every is not None:
+            _check_every("histograms_every", histograms_every)
+        if on_gradients is not None and not callable(on_gradients):
+            raise InvalidArgumentError("on_gradients", "a function (step, grads) or None", repr(on_gradients))
+        if not isinstance(clip, bool):
+            raise InvalidArgumentError("clip", "True or False", repr(clip))
+        self.log_dir, self.every, self.histograms_every = log_dir, every, histograms_every
+        self.on_gradients, self.clip = on_gradients, clip
+        self.vanishing, self.exploding = vanishing, exploding
+        if noise_scale_batch_size is not None:
+            _check_every("noise_scale_batch_size", noise_scale_batch_size)
+        _check_every("noise_scale_window", noise_scale_window)
+        if noise_scale_window < 2 or not 0 <= noise_scale_smoothing < 1:
+            raise InvalidArgumentError(
+                "noise_scale_window, noise_scale_smoothing",
+                "a window of 2 steps or more and a smoothing in [0, 1)",
+                f"{noise_scale_window!r}, {noise_scale_smoothing!r}",
+            )
+        super().__init__()
+        self.noise = NoiseScale(noise_scale_batch_size, noise_scale_window, noise_scale_smoothing)
+        self.history: List[Dict[str, Any]] = []
+        self._tap: Any = None
+        self._writer: Any = None
+        self._training = False
+        self._weights: List[Any] = []  # the model's trainable weights, their names, their layers' names
+        self._names: List[str] = []
+        self._layers: Dict[int, str] = {}
+        self._alerted: set = set()
+
+    # --- Keras' hooks ---------------------------------------------------------------------------------
+
+    def set_model(self, model: Any) -> None:
+        """Called as ``fit`` (or ``evaluate``, ``predict``) starts, before ``fit`` makes its train function:
+        the tap goes in here, so that the function is traced with it."""
+        # These import TensorFlow, which the model's Keras has imported.
+        from .backends._tap import Tap
+        from .detect import flavour_of
+
+        self.model = model
+        if self._tap is None or self._tap.model_ref() is not model:
+            keep = self.on_gradients is not None or self.histograms_every is not None
+            self._tap = Tap(model, flavour_of(model), self.clip, keep, self.noise.batch_size is not None)
+        if not self._tap.patched:
+            self._tap.install()
+            if model.built:  # else its first step builds it (on_train_batch_end looks again)
+                self._describe(model)
+
+    def _describe(self, model: Any) -> None:
+        """The model's trainable weights, their names and their layers' names."""
+        from .backends._tap import layer_of, weight_names
+
+        self._weights = list(model.trainable_weights)
+        self._names = weight_names(self._weights)
+        self._layers = layer_of(model)
+
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._training = True
+        if self.log_dir is not None and self._writer is None:
+            self._writer = _writer(self.log_dir, self._tap.graph)
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        step = self._step()
+        if len(self._weights) != len(self.model.trainable_weights):  # built by its first step
+            self._describe(self.model)
+        if self.noise.due(step):
+            self.noise.update(step, *self._tap.sums_so_far(self._weights))
+        if step % self.every:
+            return
+        histograms = self.histograms_every is not None and step % self.histograms_every == 0
+        record = self._tap.read(self._weights, with_grads=histograms or self.on_gradients is not None)
+        names, grads = self._names, record.grads
+        entry = _entry(step, names, record, self._layers, self._weights)
+        if self.noise.estimate is not None:
+            entry["noise_scale"] = self.noise.estimate
+        if histograms:
+            entry["histograms"] = {
+                name: np.histogram(g, bins=30)
+                for name, g in zip(names, grads)
+                if g is not None and np.all(np.isfinite(g))
+            }
+        self._alert(entry)
+        self.history.append(entry)
+        if self._writer is not None:
+            self._write(entry, names, grads)
+        if self.on_gradients is not None:
+            self.on_gradients(step, grads)
+
+    def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._training = False
+        self._remove()
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer = None
+
+    def on_test_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if not self._training:  # an evaluate of its own, not fit's validation
+            self._remove()
+
+    def on_predict_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._remove()
+
+    # --- What is logged ---------------------------------------------------------------------------------
+
+    def _step(self) -> int:
+        """The optimizer's count of its updates: the step just taken, after one."""
+        return int(self._tap.values([self.model.optimizer.iterations])[0])
+
+    def _remove(self) -> None:
+        if self._tap is not None:
+            self._tap.remove()
+
+    def _alert(self, entry: Dict[str, Any]) -> None:
+        for layer, norm in entry["layer_norms"].items():
+            kind = (
+                "non-finite"
+                if not math.isfinite(norm)
+                else "vanishing"
+                if norm < self.vanishing
+                else "exploding"
+                if norm > self.exploding
+                else None
+            )
+            if kind is None:
+                continue
+            entry["alerts"].append({"layer": layer, "kind": kind, "norm": norm})
+            if (layer, kind) not in self._alerted:
+                self._alerted.add((layer, kind))
+                LOG.warning(
+                    "GradientLogger: %s gradients in layer %s at step %d (norm %g)",
+                    kind,
+                    layer,
+                    entry["step"],
+                    norm,
+                )
+
+    def _write(self, entry: Dict[str, Any], names: List[str], grads: List[Optional[np.ndarray]]) -> None:
+        scalars = {"gradients/global_norm": entry["global_norm"]}
+        if "noise_scale" in entry:
+            scalars["gradients/noise_scale"] = entry["noise_scale"]
+        scalars.update((f"gradient_norms/{_tag(name)}", n) for name, n in entry["norms"].items())
+        scalars.update((f"update_ratios/{_tag(name)}", r) for name, r in entry["update_ratios"].items())
+        scalars.update((f"layer_gradient_norms/{_tag(name)}", n) for name, n in entry["layer_norms"].items())
+        histograms = {
+            f"gradients/{_tag(name)}": g
+            for name, g in zip(names, grads)
+            if name in entry.get("histograms", {})
+        }
+        self._writer.write(entry["step"], scalars, histograms)
+
+
+class NoiseScale:
+    """The gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018, appendix A), from
+    two batch sizes one device's training already has: each step's gradient (``batch_size`` examples)
+    and the mean of a ``window`` of successive steps' (``window * batch_size``). From the mean squared
+    norm of the small ones, S, and the squared norm of their mean, L:
+    |G|^2 ~ (B_big L - B_small S) / (B_big - B_small), tr(Sigma) ~ (S - L) / (1 / B_small - 1 / B_big),
+    each smoothed by an exponential moving average before the ratio is taken. Its bias: the steps of a
+    window are taken at successive weights, so their mean is not one batch's gradient; the bias grows
+    with how far the weights move within a window (the learning rate). The gradients are what the
+    logger records: unscaled, clipped unless ``clip=False`` (clipping shrinks both terms unevenly)."""
+
+    def __init__(self, batch_size: Optional[int], window: int, smoothing: float):
+        self.batch_size, self.window, self.smoothing = batch_size, window, smoothing
+        self.estimate: Optional[float] = None
+        self.averages: Optional[List[float]] = None  # of |G|^2 and tr(Sigma)
+        self.start: Optional[Tuple[int, float, List[Any]]] = None  # (step, sums so far)
+
+    def due(self, step: int) -> bool:
+        """Whether a window ends at ``step`` (or the first one starts): the sums are read then."""
+        return self.batch_size is not None and (self.start is None or step - self.start[0] >= self.window)
+
+    def update(self, step: int, sum_of_squares: float, sums: List[Optional[np.ndarray]]) -> None:
+        start, self.start = self.start, (step, sum_of_squares, sums)
+        if start is None or self.batch_size is None:
+            return
+        count = step - start[0]
+        small = (sum_of_squares - start[1]) / count  # S
+        large = sum(  # L
+            float(np.sum(np.square((now - (0 if before is None else before)) / count)))
+            for now, before in zip(sums, start[2])
+            if now is not None
+        )
+        small_batch, big_batch = self.batch_size, self.batch_size * count
+        norm = (big_batch * large - small_batch * small) / (big_batch - small_batch)
+        trace = (small - large) / (1.0 / small_batch - 1.0 / big_batch)
+        if self.averages is None:
+            self.averages = [norm, trace]
+        else:
+            self.averages = [
+                self.smoothing * a + (1 - self.smoothing) * v for a, v in zip(self.averages, (norm, trace))
+            ]
+        self.estimate = self.averages[1] / self.averages[0] if self.averages[0] > 0 else None
+
+
+def _entry(
+    step: int, names: List[str], record: Any, layers: Dict[int, str], weights: List[Any]
+) -> Dict[str, Any]:
+    norms: Dict[str, float] = {}
+    update_ratios: Dict[str, float] = {}
+    layer_squares: Dict[str, float] = {}
+    for weight, name, norm, ratio in zip(weights, names, record.norms, record.update_ratios):
+        if norm is None:
+            continue
+        norms[name] = norm
+        if ratio is not None:
+            update_ratios[name] = ratio
+        layer = layers.get(id(weight), name)
+        layer_squares[layer] = layer_squares.get(layer, 0.0) + norm * norm
+    return {
+        "step": step,
+        "global_norm": math.sqrt(sum(n * n for n in norms.values())),
+        "norms": norms,
+        "update_ratios": update_ratios,
+        "layer_norms": {layer: math.sqrt(s) for layer, s in layer_squares.items()},
+        "alerts": [],
+    }
+
+
+def _writer(log_dir: str, graph: bool) -> Any:
+    """TensorBoard's event files, one TF 1 ``Summary`` a step: through ``tf.summary`` eagerly (one op,
+    ``write_raw_pb``), through the TF 1 ``FileWriter`` in graph mode."""
+    import tensorflow as tf
+
+    class Writer:
+        def __init__(self) -> None:
+            if graph:
+                self.writer = tf.compat.v1.summary.FileWriter(log_dir)
+            else:
+                self.writer = tf.summary.create_file_writer(log_dir)
+
+        def write(self, step: int, scalars: Dict[str, float], histograms: Dict[str, np.ndarray]) -> None:
+            Summary = tf.compat.v1.Summary
+            values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+            values += [Summary.Value(tag=tag, histo=_histogram(v)) for tag, v in histograms.items()]
+            if graph:
+                self.writer.add_summary(Summary(value=values), step)
+                return
+            with self.writer.as_default():
+                tf.summary.experimental.write_raw_pb(Summary(value=values).SerializeToString(), step=step)
+
+        def flush(self) -> None:
+            self.writer.flush()
+
+    return Writer()
+
+
+def _histogram(values: np.ndarray) -> Any:
+    """A ``HistogramProto`` of ``values``: 30 buckets, each given by its upper edge."""
+    import tensorflow as tf
+
+    counts, edges = np.histogram(values, bins=30)
+    flat = values.astype(np.float64).ravel()
+    return tf.compat.v1.HistogramProto(
+        min=float(flat.min()),
+        max=float(flat.max()),
+        num=float(flat.size),
+        sum=float(flat.sum()),
+        sum_squares=float(np.dot(flat, flat)),
+        bucket_limit=[float(e) for e in edges[1:]],
+        bucket=[float(c) for c in counts],
+    )
+
+
+def _tag(name: str) -> str:
+    """A TensorBoard tag from a weight name: ``dense/kernel:0`` -> ``dense/kernel``."""
+    return name.split(":")[0]
+
+
+def _check_every(argument: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidArgumentError(argument, "a positive number of steps", repr(value))
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+_nothing._is_default = True  # type: ignore[attr-defined]  # Keras 3 then keeps its batches asynchronous

@@ -1,0 +1,301 @@
+"""GradientLogger against the training step: what it logs at step k is what train_on_batch applies to
+batch k from the same weights (a twin model stepped in lockstep with SGD(1.0): w0 - w1; unclipped, a
+hand-written GradientTape), fit trains bit for bit as without it, TensorBoard's own reader reads back
+what it wrote, and what it cannot tap is refused before anything changes."""
+
+import logging
+
+import numpy as np
+import pytest
+
+import kit
+from compatgrad import errors
+from compatgrad.callbacks import GradientLogger
+
+keras, tf = kit.keras, kit.tf
+layers = keras.layers
+TOL = 1e-5
+BATCH, STEPS = 8, 5  # steps per epoch
+
+
+def classifier(optimizer):
+    inputs = layers.Input(shape=(4,))
+    hidden = layers.Dense(6, activation="tanh", name="hidden")(inputs)
+    model = keras.Model(inputs, layers.Dense(3, activation="softmax", name="head")(hidden))
+    model.compile(optimizer, "sparse_categorical_crossentropy")
+    return model
+
+
+def twins(make_optimizer, model=classifier):
+    """Two models with the same weights, each with its own optimizer made alike."""
+    first, second = model(make_optimizer()), model(make_optimizer())
+    second.set_weights(first.get_weights())
+    return first, second
+
+
+def data(rng):
+    return rng.randn(BATCH * STEPS, 4).astype("float32"), rng.randint(0, 3, size=(BATCH * STEPS,))
+
+
+def fit(model, x, y, *callbacks, epochs=2):
+    model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
+
+
+def batch(x, y, step):
+    """The batch fit trains on at ``step`` (from 1; no shuffling)."""
+    start = (step - 1) % STEPS * BATCH
+    return x[start : start + BATCH], y[start : start + BATCH]
+
+
+class Collect:
+    """An on_gradients function keeping every step's gradients."""
+
+    def __init__(self):
+        self.grads = {}
+
+    def __call__(self, step, grads):
+        self.grads[step] = grads
+
+
+@pytest.mark.parametrize("name", list(kit.OPTIMIZERS))
+def test_logs_what_each_step_applies(rng, name):
+    model, twin = twins(lambda: kit.sgd(name, clipnorm=0.3))
+    x, y = data(rng)
+    collect = Collect()
+    logger = GradientLogger(on_gradients=collect)
+    fit(model, x, y, logger)
+
+    assert sorted(collect.grads) == list(range(1, 2 * STEPS + 1))
+    for step, entry in zip(range(1, 2 * STEPS + 1), logger.history):
+        xb, yb = batch(x, y, step)
+        applied = kit.train_step_delta(twin, xb, yb)  # SGD(1.0): w0 - w1 is the gradient applied
+        assert kit.parity_difference(collect.grads[step], applied) < TOL
+        assert entry["step"] == step
+        norms = [np.linalg.norm(g) for g in applied]
+        assert list(entry["norms"].values()) == pytest.approx(norms, rel=1e-5)
+        assert entry["global_norm"] == pytest.approx(np.linalg.norm(norms), rel=1e-5)
+        assert set(entry["layer_norms"]) == {"hidden", "head"}
+    # clipnorm clips each weight's gradient to norm 0.3 (standalone Keras: all of them together): some
+    # were, else clipping went untested
+    norms = [[np.linalg.norm(g) for g in grads] for grads in collect.grads.values()]
+    clipped = [np.linalg.norm(n) if kit.FLAVOUR == "keras" else max(n) for n in norms]
+    assert any(norm == pytest.approx(0.3) for norm in clipped)
+    assert kit.max_difference(kit.values(model.weights), kit.values(twin.weights)) < TOL
+
+
+@kit.UNCLIPPED_IN_APPLY.needed
+def test_clip_false_logs_the_gradients_before_clipping(rng):
+    model, twin = twins(lambda: kit.sgd(clipnorm=0.3))
+    x, y = data(rng)
+    collect = Collect()
+    fit(model, x, y, GradientLogger(on_gradients=collect, clip=False), epochs=1)
+
+    larger = 0
+    for step in range(1, STEPS + 1):
+        xb, yb = batch(x, y, step)
+        unclipped = kit.reference_gradients(twin, xb, yb, twin.trainable_weights, training=0)
+        assert kit.max_difference(collect.grads[step], unclipped) < TOL
+        norms = [np.linalg.norm(g) for g in unclipped]
+        larger += (np.linalg.norm(norms) if kit.FLAVOUR == "keras" else max(norms)) > 0.3 + 1e-4
+        kit.train(twin, xb, yb)
+    assert larger  # some step's gradient was clipped, so clip=False made a difference
+
+
+@kit.UPDATES_READ_IN_THE_STEP.needed
+def test_update_ratios_are_how_far_each_step_moved_the_weights(rng):
+    model, twin = twins(lambda: kit.sgd(learning_rate=0.1, momentum=0.9))
+    x, y = data(rng)
+    logger = GradientLogger()
+    fit(model, x, y, logger, epochs=1)
+
+    for step, entry in zip(range(1, STEPS + 1), logger.history):
+        before = kit.values(twin.trainable_weights)
+        kit.train(twin, *batch(x, y, step))
+        after = kit.values(twin.trainable_weights)
+        ratios = [
+            np.linalg.norm(a - b) / np.linalg.norm(b) if np.any(b) else 0.0 for a, b in zip(after, before)
+        ]
+        assert list(entry["update_ratios"].values()) == pytest.approx(ratios, rel=1e-4)
+
+
+@kit.UNTOUCHED_CLIPNORM_GRAPH.needed
+def test_training_is_bit_identical(rng):
+    logged, plain = twins(lambda: kit.sgd(learning_rate=0.1, momentum=0.9, clipnorm=0.5))
+    x, y = data(rng)
+    fit(logged, x, y, GradientLogger(every=2))
+    fit(plain, x, y)
+
+    for a, b in zip(kit.values(logged.weights), kit.values(plain.weights)):
+        assert np.array_equal(a, b)
+
+
+def test_every_and_the_model_after_fit(rng):
+    model = classifier(kit.sgd(learning_rate=0.1, momentum=0.9))
+    x, y = data(rng)
+    logger = GradientLogger(every=2)
+    fit(model, x, y, logger)
+
+    assert [entry["step"] for entry in logger.history] == list(range(2, 2 * STEPS + 1, 2))
+    assert not {"apply", "apply_gradients", "get_updates"} & set(vars(model.optimizer))  # unwrapped
+    before = kit.values(model.trainable_weights)
+    model.train_on_batch(x[:BATCH], y[:BATCH])  # trains as before, nothing logged outside fit
+    assert kit.max_difference(before, kit.values(model.trainable_weights)) > 0
+    assert len(logger.history) == STEPS
+
+
+def test_tensorboard_reads_back_the_scalars_and_histograms(rng, tmp_path):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    model = classifier(kit.sgd(learning_rate=0.1))
+    x, y = data(rng)
+    logger = GradientLogger(log_dir=str(tmp_path), histograms_every=2)
+    fit(model, x, y, logger, epochs=1)
+
+    events = event_accumulator.EventAccumulator(
+        str(tmp_path), size_guidance={"tensors": 0, "scalars": 0, "histograms": 0}
+    )  # all
+    events.Reload()
+    scalars, histograms = events.Tags()["scalars"], events.Tags()["histograms"]  # TF 1 Summary protos
+    assert {"gradients/global_norm", "layer_gradient_norms/hidden", "layer_gradient_norms/head"} <= set(
+        scalars
+    )
+    norms = [(e.step, e.value) for e in events.Scalars("gradients/global_norm")]
+    assert [step for step, _ in norms] == list(range(1, STEPS + 1))
+    expected = [entry["global_norm"] for entry in logger.history]
+    assert [value for _, value in norms] == pytest.approx(expected, rel=1e-6)
+    weights = [tag for tag in histograms if tag.startswith("gradients/") and tag != "gradients/global_norm"]
+    assert len(weights) == len(model.trainable_weights)
+    assert [e.step for e in events.Histograms(weights[0])] == [2, 4]
+
+
+class OwnStep(keras.Model):
+    """A train_step of its own: the compiled loss times 2, applied through the optimizer."""
+
+    def train_step(self, data):
+        x, y = data[:2]  # Keras 3's train_on_batch adds a sample_weight of None
+        with tf.GradientTape() as tape:
+            prediction = self(x, training=True)
+            if hasattr(self, "compute_loss"):
+                loss = self.compute_loss(x=x, y=y, y_pred=prediction)
+            else:
+                loss = self.compiled_loss(y, prediction)
+            loss = 2.0 * loss
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+def own_step_classifier(optimizer):
+    inputs = layers.Input(shape=(4,))
+    model = OwnStep(inputs, layers.Dense(3, activation="softmax")(layers.Dense(6, activation="tanh")(inputs)))
+    model.compile(optimizer, "sparse_categorical_crossentropy")
+    return model
+
+
+@pytest.mark.skipif(kit.GRAPH, reason="graph mode never calls train_step")
+def test_a_custom_train_step_logs_what_it_applies(rng):
+    model, twin = twins(kit.sgd, own_step_classifier)
+    x, y = data(rng)
+    collect = Collect()
+    fit(model, x, y, GradientLogger(on_gradients=collect), epochs=1)
+
+    for step in range(1, STEPS + 1):
+        xb, yb = batch(x, y, step)
+        assert kit.parity_difference(collect.grads[step], kit.train_step_delta(twin, xb, yb)) < TOL
+
+
+def test_alerts_are_logged_once_per_layer_and_kept_in_history(rng, caplog):
+    model = classifier(kit.sgd(learning_rate=0.1))
+    x, y = data(rng)
+    logger = GradientLogger(exploding=1e-9)  # every gradient is "exploding"
+    with caplog.at_level(logging.WARNING, logger="compatgrad"):
+        fit(model, x, y, logger, epochs=1)
+
+    assert all({a["layer"] for a in entry["alerts"]} == {"hidden", "head"} for entry in logger.history)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "compatgrad"]
+    assert len(warnings) == 2 and all("exploding" in w for w in warnings)
+
+
+def test_a_model_built_by_its_first_step_is_logged_from_that_step(rng):
+    model = keras.Sequential([layers.Dense(6, activation="tanh"), layers.Dense(3, activation="softmax")])
+    model.compile(kit.sgd(), "sparse_categorical_crossentropy")
+    x, y = data(rng)
+    collect = Collect()
+    logger = GradientLogger(on_gradients=collect)
+    fit(model, x, y, logger, epochs=1)
+
+    assert len(logger.history) == STEPS
+    for entry in logger.history:  # every weight, from the first step on
+        grads = collect.grads[entry["step"]]
+        assert [np.shape(g) for g in grads] == [tuple(w.shape) for w in model.trainable_weights]
+        assert list(entry["norms"].values()) == pytest.approx([np.linalg.norm(g) for g in grads], rel=1e-5)
+
+
+def test_a_train_function_set_from_outside_is_refused_and_kept(rng):
+    model = classifier(kit.sgd())
+    x, y = data(rng)
+
+    def own_train_function(iterator):
+        return {}
+
+    model.train_function = own_train_function
+    with pytest.raises(errors.UnsupportedModelError, match="model.train_function"):
+        fit(model, x, y, GradientLogger())
+    assert model.train_function is own_train_function
+    assert not {"apply", "apply_gradients", "get_updates"} & set(vars(model.optimizer))
+
+
+@pytest.mark.parametrize(
+    "arguments, name",
+    [
+        ({"every": 0}, "every"),
+        ({"histograms_every": 1.5}, "histograms_every"),
+        ({"on_gradients": 3}, "on_gradients"),
+    ],
+)
+def test_bad_arguments_name_themselves(arguments, name):
+    with pytest.raises(errors.InvalidArgumentError, match=name):
+        GradientLogger(**arguments)
+
+
+def test_noise_scale_recovers_b_simple_on_a_known_problem(rng):
+    """A linear model held at w = 0 (a learning rate of 1e-7): each example's gradient of (x.w - y)^2 is
+    -2 y x there, so |G|^2 and tr(Sigma) over the data are a closed form, and B_simple their ratio."""
+    features, examples, batch_size = 8, 4096, 16
+    x = rng.randn(examples, features).astype("float32")
+    y = (x @ (0.3 * rng.randn(features)) + rng.randn(examples)).astype("float32")[:, None]
+    model = keras.Sequential(
+        [layers.Dense(1, use_bias=False, kernel_initializer="zeros", input_shape=(features,))]
+    )
+    model.compile(kit.sgd(learning_rate=1e-7), "mse")
+    per_example = -2.0 * y.astype(np.float64) * x
+    mean = per_example.mean(axis=0)
+    expected = per_example.var(axis=0).sum() / (mean @ mean)
+
+    logger = GradientLogger(
+        every=64, noise_scale_batch_size=batch_size, noise_scale_window=8, noise_scale_smoothing=0.98
+    )
+    model.fit(x, y, batch_size=batch_size, epochs=8, verbose=0, callbacks=[logger])
+    assert logger.noise.estimate == pytest.approx(expected, rel=0.1)
+    assert logger.history[-1]["noise_scale"] == logger.noise.estimate
+
+
+def test_the_command_line_summarizes_a_logged_run(rng, tmp_path, capsys):
+    from compatgrad import cli
+
+    model = classifier(kit.sgd(learning_rate=0.1))
+    x, y = data(rng)
+    logger = GradientLogger(log_dir=str(tmp_path))
+    fit(model, x, y, logger, epochs=1)
+
+    assert cli.main(["tensorboard", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    norms = [entry["global_norm"] for entry in logger.history]
+    assert out[0] == f"steps 1-{STEPS} ({STEPS} logged)"
+    assert out[1] == (
+        f"global norm: first {norms[0]:.4g}, last {norms[-1]:.4g}, min {min(norms):.4g}, max {max(norms):.4g}"
+    )
+    last = logger.history[-1]["layer_norms"]
+    assert out[2] == f"layer norms, last: head {last['head']:.4g}, hidden {last['hidden']:.4g}"
+    assert cli.main(["tensorboard", str(tmp_path / "nothing")]) == 2  # one line on stderr
+    assert "no TensorBoard event files" in capsys.readouterr().err

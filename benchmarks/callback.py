@@ -24,9 +24,10 @@ import numpy as np
 
 from compatgrad.callbacks import AnyKerasCallback
 
-from .per_example import child, load
+from .per_example import in_processes, load, print_summary
 
 RATIOS = "callback ratios: "
+TARGETS = "targets: norms every step <= 1.05, histograms every 100 steps <= 1.10"
 
 
 class EpochTimer(AnyKerasCallback):
@@ -55,24 +56,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run_mode(args.mode, args.rounds)
     failed = 0
     for mode in ("eager", "graph"):
-        per_process = []
-        for _ in range(args.processes):
-            run = child(["--mode", mode, "--rounds", str(args.rounds)], "benchmarks.callback")
-            print(run.stdout, end="")
-            failed |= run.returncode
-            per_process += [
-                json.loads(line[len(RATIOS) :]) for line in run.stdout.splitlines() if line.startswith(RATIOS)
-            ]
+        returncode, per_process = in_processes("benchmarks.callback", mode, args, RATIOS)
+        failed |= returncode
         if per_process:
-            print(f"\n== fit with GradientLogger, {mode} mode over {len(per_process)} processes:")
-            print("the median (each process's)")
-            for workload, row in per_process[0].items():
-                cells = [
-                    f"{name} {np.median([p[workload][name] for p in per_process]):.3f} "
-                    f"({', '.join(f'{p[workload][name]:.3f}' for p in per_process)})"
-                    for name in row
-                ]
-                print(f"{workload:<28} " + "; ".join(cells))
+            print_summary(f"fit with GradientLogger, {mode} mode", TARGETS, per_process)
     return failed
 
 

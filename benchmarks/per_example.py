@@ -23,7 +23,7 @@ import resource
 import subprocess
 import sys
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -51,19 +51,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run_mode(args.mode, args.rounds)
     failed = 0
     for mode in ("eager", "graph"):
-        per_process: List[Dict[str, Dict[str, float]]] = []
-        for _ in range(args.processes):
-            run = child(["--mode", mode, "--rounds", str(args.rounds)])
-            print(run.stdout, end="")
-            failed |= run.returncode
-            per_process += [
-                json.loads(line[len(RATIOS) :]) for line in run.stdout.splitlines() if line.startswith(RATIOS)
-            ]
-            if not per_process:  # a mode this TensorFlow does not have
-                break
+        returncode, per_process = in_processes("benchmarks.per_example", mode, args, RATIOS)
+        failed |= returncode
         if per_process:
-            print_summary(mode, per_process)
+            print_summary(f"per-example gradients, {mode} mode", TARGETS, per_process)
     return failed | memory()
+
+
+def in_processes(module: str, mode: str, args: Any, marker: str) -> Tuple[int, List[Dict[str, Any]]]:
+    """``module --mode mode --rounds args.rounds`` in ``args.processes`` fresh processes, their output
+    printed: (any return code, each process's figures, from its line starting with ``marker``)."""
+    failed, per_process = 0, []
+    for _ in range(args.processes):
+        run = child(["--mode", mode, "--rounds", str(args.rounds)], module)
+        print(run.stdout, end="")
+        failed |= run.returncode
+        per_process += [
+            json.loads(line[len(marker) :]) for line in run.stdout.splitlines() if line.startswith(marker)
+        ]
+        if not per_process:  # a mode this TensorFlow does not have
+            break
+    return failed, per_process
 
 
 def child(arguments: List[str], module: str = "benchmarks.per_example") -> Any:
@@ -201,12 +209,9 @@ def graph_vectorized(tf: Any, keras: Any, model: Any, x: Any, y: Any) -> Optiona
     return lambda: function([x, y])
 
 
-def print_summary(mode: str, per_process: List[Dict[str, Dict[str, float]]]) -> None:
-    print(
-        f"\n== per-example gradients, {mode} mode over {len(per_process)} processes: "
-        "the median (each process's)"
-    )
-    print(TARGETS)
+def print_summary(title: str, targets: str, per_process: List[Dict[str, Dict[str, float]]]) -> None:
+    print(f"\n== {title} over {len(per_process)} processes: the median (each process's)")
+    print(targets)
     for workload, row in per_process[0].items():
         cells = []
         for name in row:

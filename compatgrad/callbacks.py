@@ -199,7 +199,8 @@ class GradientLogger(AnyKerasCallback):
             self._remove()
 
     def on_predict_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
-        self._remove()
+        if not self._training:  # a predict of its own, not one called while fit trains
+            self._remove()
 
     # --- What is logged ---------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ Importing this module imports no framework: the tap (``backends._tap``) comes wi
 
 import logging
 import math
+import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -59,8 +60,10 @@ class GradientLogger(AnyKerasCallback):
     applies (after loss-scale removal, aggregation and clipping: ``get_gradients``' contract) in
     variables this logger reads after the step. Training is bit for bit what it is without it.
 
-    Every ``every`` steps (a step: one update, counted by ``model.optimizer.iterations``; with
-    ``steps_per_execution`` above 1, the last step of each execution) it appends to ``history`` a dict:
+    Every ``every`` steps (a step: one batch ``fit`` trains on, counted on from
+    ``model.optimizer.iterations`` as ``fit`` starts, so that nothing is read on the steps in between;
+    with ``steps_per_execution`` above 1, the last step of an execution that reaches a multiple of
+    ``every``) it appends to ``history`` a dict:
     ``step``, ``global_norm``, ``norms`` and ``update_ratios`` by weight name (how far the update moved
     the weight over its norm before, 0 for a weight that was all zeros), ``layer_norms`` by layer name,
     ``alerts``, and every ``histograms_every`` steps ``histograms`` (weight name -> numpy's
@@ -128,6 +131,7 @@ class GradientLogger(AnyKerasCallback):
         self._names: List[str] = []
         self._layers: Dict[int, str] = {}
         self._alerted: set = set()
+        self._steps = self._epoch_start = self._stride = 0  # counted as fit trains
 
     # --- Keras' hooks ---------------------------------------------------------------------------------
 
@@ -141,7 +145,14 @@ class GradientLogger(AnyKerasCallback):
         self.model = model
         if self._tap is None or self._tap.model_ref() is not model:
             keep = self.on_gradients is not None or self.histograms_every is not None
-            self._tap = Tap(model, flavour_of(model), self.clip, keep, self.noise.batch_size is not None)
+            self._tap = Tap(
+                model,
+                flavour_of(model),
+                self.clip,
+                keep,
+                accumulate=self.noise.batch_size is not None,
+                gated=self.every > 1,
+            )
         if not self._tap.patched:
             self._tap.install()
             if model.built:  # else its first step builds it (on_train_batch_end looks again)
@@ -159,16 +170,26 @@ class GradientLogger(AnyKerasCallback):
         self._training = True
         if self.log_dir is not None and self._writer is None:
             self._writer = _writer(self.log_dir, self._tap.graph)
+        # Steps are counted here, from the optimizer's count as fit starts: no read of it a step.
+        self._steps = self._epoch_start = int(self._tap.values([self.model.optimizer.iterations])[0])
+        self._stride = 1  # steps a call of the train function (steps_per_execution), as seen
+        self._tap.log_next(True)  # the first call, whatever its stride
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._epoch_start = self._steps
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
-        step = self._step()
-        if len(self._weights) != len(self.model.trainable_weights):  # built by its first step
+        """``batch``: the epoch's last batch the call trained on (with ``steps_per_execution``, its last)."""
+        before, self._steps = self._steps, self._epoch_start + batch + 1
+        step, self._stride = self._steps, max(self._steps - before, 1)
+        self._tap.log_next(self._due(step + self._stride, step, self.every))
+        if not self._weights:  # a model its first step built
             self._describe(self.model)
         if self.noise.due(step):
             self.noise.update(step, *self._tap.sums_so_far(self._weights))
-        if step % self.every:
+        if not self._due(step, before, self.every):
             return
-        histograms = self.histograms_every is not None and step % self.histograms_every == 0
+        histograms = self.histograms_every is not None and self._due(step, before, self.histograms_every)
         record = self._tap.read(self._weights, with_grads=histograms or self.on_gradients is not None)
         names, grads = self._names, record.grads
         entry = _entry(step, names, record, self._layers, self._weights)
@@ -191,7 +212,7 @@ class GradientLogger(AnyKerasCallback):
         self._training = False
         self._remove()
         if self._writer is not None:
-            self._writer.flush()
+            self._writer.close()
             self._writer = None
 
     def on_test_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
@@ -204,9 +225,10 @@ class GradientLogger(AnyKerasCallback):
 
     # --- What is logged ---------------------------------------------------------------------------------
 
-    def _step(self) -> int:
-        """The optimizer's count of its updates: the step just taken, after one."""
-        return int(self._tap.values([self.model.optimizer.iterations])[0])
+    @staticmethod
+    def _due(step: int, before: int, every: int) -> bool:
+        """Whether the steps after ``before`` up to ``step`` reach a multiple of ``every``."""
+        return step // every > before // every
 
     def _remove(self) -> None:
         if self._tap is not None:
@@ -237,18 +259,22 @@ class GradientLogger(AnyKerasCallback):
                 )
 
     def _write(self, entry: Dict[str, Any], names: List[str], grads: List[Optional[np.ndarray]]) -> None:
+        import tensorflow as tf
+
+        Value = tf.compat.v1.Summary.Value
         scalars = {"gradients/global_norm": entry["global_norm"]}
         if "noise_scale" in entry:
             scalars["gradients/noise_scale"] = entry["noise_scale"]
         scalars.update((f"gradient_norms/{_tag(name)}", n) for name, n in entry["norms"].items())
         scalars.update((f"update_ratios/{_tag(name)}", r) for name, r in entry["update_ratios"].items())
         scalars.update((f"layer_gradient_norms/{_tag(name)}", n) for name, n in entry["layer_norms"].items())
-        histograms = {
-            f"gradients/{_tag(name)}": g
+        values = [Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+        values += [
+            Value(tag=f"gradients/{_tag(name)}", histo=_histogram(g))
             for name, g in zip(names, grads)
-            if name in entry.get("histograms", {})
-        }
-        self._writer.write(entry["step"], scalars, histograms)
+            if g is not None and name in entry.get("histograms", {})
+        ]
+        self._writer.write(entry["step"], values)
 
 
 class NoiseScale:
@@ -320,31 +346,48 @@ def _entry(
 
 
 def _writer(log_dir: str, graph: bool) -> Any:
-    """TensorBoard's event files, one TF 1 ``Summary`` a step: through ``tf.summary`` eagerly (one op,
-    ``write_raw_pb``), through the TF 1 ``FileWriter`` in graph mode."""
+    """TensorBoard's event files, one TF 1 ``Summary`` a step: through the TF 1 ``FileWriter`` in graph
+    mode; eagerly through the ops behind ``tf.summary`` themselves (``tf.raw_ops``: one op a step, where
+    ``tf.summary.experimental.write_raw_pb`` runs five)."""
     import tensorflow as tf
 
-    class Writer:
+    Summary = tf.compat.v1.Summary
+
+    class GraphWriter:
         def __init__(self) -> None:
-            if graph:
-                self.writer = tf.compat.v1.summary.FileWriter(log_dir)
-            else:
-                self.writer = tf.summary.create_file_writer(log_dir)
+            self.writer = tf.compat.v1.summary.FileWriter(log_dir)
 
-        def write(self, step: int, scalars: Dict[str, float], histograms: Dict[str, np.ndarray]) -> None:
-            Summary = tf.compat.v1.Summary
-            values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
-            values += [Summary.Value(tag=tag, histo=_histogram(v)) for tag, v in histograms.items()]
-            if graph:
-                self.writer.add_summary(Summary(value=values), step)
-                return
-            with self.writer.as_default():
-                tf.summary.experimental.write_raw_pb(Summary(value=values).SerializeToString(), step=step)
+        def write(self, step: int, values: List[Any]) -> None:
+            self.writer.add_summary(Summary(value=values), step)
 
-        def flush(self) -> None:
-            self.writer.flush()
+        def close(self) -> None:
+            self.writer.close()
 
-    return Writer()
+    class EagerWriter:
+        def __init__(self) -> None:
+            self.resource = tf.raw_ops.SummaryWriter(
+                shared_name=f"compatgrad_{uuid.uuid4().hex}", container=""
+            )
+            tf.raw_ops.CreateSummaryFileWriter(
+                writer=self.resource,
+                logdir=log_dir,
+                max_queue=10,
+                flush_millis=120_000,
+                filename_suffix=".v2",
+            )
+
+        def write(self, step: int, values: List[Any]) -> None:
+            tf.raw_ops.WriteRawProtoSummary(
+                writer=self.resource,
+                step=np.int64(step),
+                tensor=Summary(value=values).SerializeToString(),
+            )
+
+        def close(self) -> None:
+            tf.raw_ops.CloseSummaryWriter(writer=self.resource)
+            tf.raw_ops.DestroyResourceOp(resource=self.resource, ignore_lookup_error=True)
+
+    return GraphWriter() if graph else EagerWriter()
 
 
 def _histogram(values: np.ndarray) -> Any:

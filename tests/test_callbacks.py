@@ -143,6 +143,33 @@ def test_every_and_the_model_after_fit(rng):
     assert len(logger.history) == STEPS
 
 
+def test_every_logs_what_those_steps_apply(rng):
+    """Between logged steps the step writes nothing (a switch the logger sets before each step)."""
+    model, twin = twins(kit.sgd)
+    x, y = data(rng)
+    collect = Collect()
+    logger = GradientLogger(every=3, on_gradients=collect)
+    fit(model, x, y, logger)
+
+    logged = list(range(3, 2 * STEPS + 1, 3))
+    assert [entry["step"] for entry in logger.history] == sorted(collect.grads) == logged
+    entries = iter(logger.history)
+    for step in range(1, 2 * STEPS + 1):
+        before = kit.values(twin.trainable_weights)
+        applied = kit.train_step_delta(twin, *batch(x, y, step))  # SGD(1.0): the update too
+        if step not in logged:
+            continue
+        entry = next(entries)
+        assert kit.parity_difference(collect.grads[step], applied) < TOL
+        norms = [np.linalg.norm(g) for g in applied]
+        assert list(entry["norms"].values()) == pytest.approx(norms, rel=1e-5)
+        ratios = [n / np.linalg.norm(b) if np.any(b) else 0.0 for n, b in zip(norms, before)]
+        if kit.UPDATES_READ_IN_THE_STEP.missing:
+            assert entry["update_ratios"] == {}
+        else:
+            assert list(entry["update_ratios"].values()) == pytest.approx(ratios, rel=1e-4)
+
+
 def test_tensorboard_reads_back_the_scalars_and_histograms(rng, tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 

@@ -13,6 +13,7 @@ dropped after ``fit``. Graph mode (TF 1.x, TF 2 graph mode, standalone Keras): `
 takes its place in that same object for the run, which gets its own back after.
 """
 
+import math
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
@@ -49,15 +50,25 @@ class Record:
 class Tap:
     """Installed on a model for one ``fit``: ``install`` as ``fit`` starts, ``read`` after a step,
     ``remove`` when ``fit`` ends. ``keep``: also the gradients themselves, not only their norms;
-    ``accumulate``: also their running sum and the running sum of their squared norms (float64)."""
+    ``accumulate``: also their running sum and the running sum of their squared norms (float64), every
+    step; ``gated``: the rest only on the steps ``log_next`` says are to be logged."""
 
-    def __init__(self, model: Model, flavour: Flavour, clip: bool, keep: bool, accumulate: bool = False):
+    def __init__(
+        self,
+        model: Model,
+        flavour: Flavour,
+        clip: bool,
+        keep: bool,
+        accumulate: bool = False,
+        gated: bool = False,
+    ):
         if strategy_of(model) is not None:
             raise UnsupportedModelError(
                 "model: built under a distribution strategy; GradientLogger does not tap replicated steps yet"
             )
         self.model_ref = weakref.ref(model)
         self.clip, self.keep, self.accumulate, self.graph = clip, keep, accumulate, flavour.graph
+        self.gated = gated
         self.backend = _paths.load(flavour.root, "backend")
         self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
         self.patched: List[Tuple[Any, str]] = []  # (optimizer, the method wrapped)
@@ -67,7 +78,10 @@ class Tap:
         self.grads: Dict[int, Any] = {}  # id(weight) -> its last gradient (``keep``)
         self.sums: Dict[int, Any] = {}  # id(weight) -> the sum of its gradients so far (``accumulate``)
         self.sum_of_squares: Any = None  # of every gradient's squared norm so far (``accumulate``)
-        self.clear: Any = None  # -1 for every entry of ``squares`` (graph mode: the op that assigns it)
+        self.cleared: weakref.WeakSet[Any] = weakref.WeakSet()  # the step graphs that clear ``squares``
+        self.logging: Any = None  # (``gated``) whether the next step is to be logged: a bool variable
+        self.logs_next: Optional[bool] = None  # its value, as last set
+        self.set_logging: Dict[bool, Any] = {}  # graph mode: the ops that set it
 
     def install(self) -> None:
         model = self.model_ref()
@@ -75,6 +89,9 @@ class Tap:
         every = [self.steps_class(optimizer) for optimizer in optimizers_of(model)]
         _check(model, every, self.clip, self.graph)
         self.squares = None  # made by the first step traced: a model may build its weights there
+        self.cleared = weakref.WeakSet()
+        if self.gated and self.logging is None:
+            self._make_logging()
         for steps in every:
             self._patch(steps)
         fits = model.train_function
@@ -84,12 +101,9 @@ class Tap:
         model._make_train_function()
         tapped = model.train_function
         session = self.backend.get_session()
-        created = [self.squares, *self.grads.values(), *self.sums.values(), self.sum_of_squares]
+        created = [self.squares, self.logging, *self.grads.values(), *self.sums.values(), self.sum_of_squares]
         made = [v for v in created if v is not None and not _initialized(session, v)]
         session.run(tf.compat.v1.variables_initializer(made))
-        if self.squares is not None:
-            with session.graph.as_default():
-                self.clear = self.squares.assign(-tf.ones_like(self.squares))
         if fits is not None:  # fit holds this one: it runs the tapped graph until remove
             self.replaced = (fits, dict(vars(fits)))
             vars(fits).update(vars(tapped))
@@ -110,27 +124,33 @@ class Tap:
                 model.train_function = fits
             self.replaced = None
 
+    def log_next(self, logged: bool) -> None:
+        """Whether the next step is to be logged (``gated``; set only when it changes)."""
+        if not self.gated or logged == self.logs_next:
+            return
+        if self.graph:
+            self.backend.get_session().run(self.set_logging[logged])
+        else:
+            self.logging.assign(logged)
+        self.logs_next = logged
+
     def read(self, weights: List[Any], with_grads: bool) -> Record:
-        """What the steps since the last read wrote; ``with_grads``: the gradients too (if kept)."""
-        columns = [self.index.get(id(w)) for w in weights]
-        grads = [self.grads.get(id(w)) for w in weights] if with_grads and self.keep else []
+        """What the last logged step wrote; ``with_grads``: the gradients too (if kept)."""
         if self.squares is None:  # no step has run
             return Record([None] * len(weights), [None] * len(weights), [None] * len(weights))
-        values = self.values([self.squares] + [g for g in grads if g is not None])
-        squares, arrays = values[0], iter(values[1:])
-        if self.graph:
-            self.backend.get_session().run(self.clear)
-        else:
-            self.squares.assign(self.clear)
+        grads = [self.grads.get(id(w)) for w in weights] if with_grads and self.keep else []
+        values = self._own_values([self.squares] + [g for g in grads if g is not None])
+        grad, moved, before = values[0].tolist()  # a few numbers each: faster as Python's
+        arrays = iter(values[1:])
         norms: List[Optional[float]] = []
         ratios: List[Optional[float]] = []
         kept: List[Optional[np.ndarray]] = []
-        for i, column in enumerate(columns):
+        for i, weight in enumerate(weights):
             array = next(arrays) if grads and grads[i] is not None else None
-            grad, moved, before = squares[:, column] if column is not None else (-1.0, -1.0, -1.0)
-            written = grad >= 0
-            norms.append(float(np.sqrt(grad)) if written else None)
-            ratios.append(_ratio(moved, before) if written and moved >= 0 else None)
+            column = self.index.get(id(weight))
+            written = column is not None and grad[column] >= 0
+            norms.append(math.sqrt(grad[column]) if written else None)
+            ratios.append(_ratio(moved[column], before[column]) if written and moved[column] >= 0 else None)
             kept.append(array if written else None)
         return Record(norms, ratios, kept)
 
@@ -139,7 +159,7 @@ class Tap:
         sums = [self.sums.get(id(w)) for w in weights]
         if self.sum_of_squares is None:
             return 0.0, [None] * len(weights)
-        values = iter(self.values([self.sum_of_squares] + [v for v in sums if v is not None]))
+        values = iter(self._own_values([self.sum_of_squares] + [v for v in sums if v is not None]))
         total = float(next(values))
         return total, [None if v is None else next(values) for v in sums]
 
@@ -147,6 +167,13 @@ class Tap:
         if self.graph:
             return list(self.backend.get_session().run(variables))
         return [np.asarray(v.numpy()) for v in variables]
+
+    def _own_values(self, variables: List[Any]) -> List[Any]:
+        """The values of the tap's own ``tf.Variable``s: eagerly, one op each (``numpy()`` costs three
+        times as much, read after every logged step)."""
+        if self.graph:
+            return self.values(variables)
+        return [tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype).numpy() for v in variables]
 
     # --- The wrappers ----------------------------------------------------------------------------
 
@@ -162,14 +189,16 @@ class Tap:
     def _recorder(self, steps: Steps) -> Callable[[Pairs, bool], Tuple[List[Any], Callable[[Any], Any]]]:
         def record(pairs: Pairs, aggregate: bool) -> Tuple[List[Any], Callable[[Any], Any]]:
             steps.build([v for _, v in pairs])  # as its apply would, before its loss scale is read
-            writes = self._write(pairs, steps.applied(pairs, self.clip, aggregate))
+            applied = _dense(steps.applied(pairs, self.clip, aggregate))
+            clears = self._first_in_step()
+            summed = self._accumulate(pairs, applied)
             before = self._before(pairs)
 
             def after(result: Any) -> Any:
-                moved = self._moved(pairs, before, [result])
-                return tf.group(result, *writes, *moved) if self.graph else result
+                written = self._write(pairs, applied, before, [result], clears)
+                return tf.group(result, written, *summed) if self.graph else result
 
-            return ([] if before is None else before[:1]), after
+            return (before or []), after
 
         return record
 
@@ -184,67 +213,106 @@ class Tap:
                 raw[:] = gradients(loss, variables)
                 return raw
 
-            pairs = [(None, v) for v in params]
-            before = self._before(pairs)
+            before = self._before([(None, v) for v in params])
             self.backend.gradients = kept  # type: ignore[attr-defined]  # get_gradients' call, before it clips
             try:
-                with tf.control_dependencies([] if before is None else before[:1]):  # reads first
+                with tf.control_dependencies(before or []):  # the reads come first
                     updates = get_updates(loss, params)
             finally:
                 self.backend.gradients = gradients  # type: ignore[attr-defined]
-            pairs = [(g, v) for g, v in zip(raw, params) if g is not None]
+            present = [i for i, g in enumerate(raw) if g is not None]
+            pairs = [(raw[i], params[i]) for i in present]
+            before = None if before is None else [before[i] for i in present]
             # Clipped again as get_gradients does (clip=False: not at all), from its raw gradients.
-            clipped = steps.clip(pairs) if self.clip and steps.clips else [g for g, _ in pairs]
-            return list(updates) + self._write(pairs, clipped) + self._moved(pairs, before, updates)
+            clipped = _dense(steps.clip(pairs) if self.clip and steps.clips else [g for g, _ in pairs])
+            written = self._write(pairs, clipped, before, updates, self._first_in_step())
+            return list(updates) + [written] + self._accumulate(pairs, clipped)
 
         return tapped
 
-    def _write(self, pairs: Pairs, applied: List[Any]) -> List[Any]:
-        """The applied gradients' squared norms, and the gradients themselves where kept."""
-        grads = [tf.convert_to_tensor(g) for g in applied]
-        squares = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads]
-        writes = [self._scatter(GRAD, [v for _, v in pairs], squares)]
-        if self.keep:
-            writes += [
-                self._kept(v).assign(tf.cast(g, self._kept(v).dtype)) for (_, v), g in zip(pairs, grads)
-            ]
-        if self.accumulate and pairs:
-            writes += [self._sum(v).assign_add(tf.cast(g, tf.float64)) for (_, v), g in zip(pairs, grads)]
-            total = tf.add_n([tf.cast(square, tf.float64) for square in squares])
-            writes.append(self._sum_of_squares().assign_add(total))
-        return writes
-
-    def _before(self, pairs: Pairs) -> Any:
-        """The weights' squared norms before the update, stacked (their reads come before it), or None
-        where a weight is a RefVariable: TF 1.x reads one of those through a snapshot that the update
-        overwrites in place, so how far it moved cannot be read in the step."""
-        if any(type(v).__name__ == "RefVariable" for _, v in pairs):
-            return None
-        values = [tf.identity(v) for _, v in pairs]
-        return [tf.stack([tf.reduce_sum(tf.square(tf.cast(w, tf.float32))) for w in values])] + values
-
-    def _moved(self, pairs: Pairs, before: Any, updates: List[Any]) -> List[Any]:
-        if before is None or not pairs:
+    def _accumulate(self, pairs: Pairs, applied: List[Any]) -> List[Any]:
+        """Every step (``accumulate``): the running sums of the gradients and of their squared norms."""
+        if not self.accumulate or not pairs:
             return []
-        norms, values = before[0], before[1:]
-        variables = [v for _, v in pairs]
-        with tf.control_dependencies(updates if self.graph else []):
-            moved = [
-                tf.reduce_sum(tf.square(tf.cast(tf.identity(v) - w, tf.float32)))
-                for v, w in zip(variables, values)
-            ]
-            return [
-                self._scatter(MOVED, variables, moved),
-                self._scatter(BEFORE, variables, tf.unstack(norms)),
-            ]
+        grads = [tf.cast(g, tf.float64) for g in applied]
+        total = 2 * tf.add_n([tf.nn.l2_loss(g) for g in grads])
+        return [self._sum(v).assign_add(g) for (_, v), g in zip(pairs, grads)] + [
+            self._sum_of_squares().assign_add(total)
+        ]
 
-    def _scatter(self, row: int, variables: List[Any], values: List[Any]) -> Any:
+    def _before(self, pairs: Pairs) -> Optional[List[Any]]:
+        """The weights as they are before the update, on a step to be logged (the update runs after
+        these reads; on other steps they are empty), or None where a weight is a RefVariable: TF 1.x
+        reads one of those through a snapshot that the update overwrites in place, so how far it moved
+        cannot be read in the step."""
+        variables = [v for _, v in pairs]
+        if not variables or any(type(v).__name__ == "RefVariable" for v in variables):
+            return None
+        return self._when_logged(
+            lambda: [tf.identity(v) for v in variables],
+            lambda: [tf.zeros([0], tf.as_dtype(v.dtype).base_dtype) for v in variables],
+        )
+
+    def _write(
+        self,
+        pairs: Pairs,
+        applied: List[Any],
+        before: Optional[List[Any]],
+        updates: List[Any],
+        clears: bool,
+    ) -> Any:
+        """On a step to be logged, after ``updates``: every weight's squared norms into ``squares`` in
+        one write (its gradient's, how far the update moved it, its norm before; ``tf.nn.l2_loss``: one
+        op a norm), and the gradients themselves where kept. ``clears``: -1 everywhere first (the
+        step's first write: what no optimizer of this step writes reads as nothing)."""
         squares = self._squares()
-        indices = [[row, self.index[id(v)]] for v in variables if id(v) in self.index]
-        kept = [value for v, value in zip(variables, values) if id(v) in self.index]
-        if not indices:
+        kept = [(self._kept(v), g) for (_, v), g in zip(pairs, applied)] if self.keep else []
+        present = [(i, self.index[id(v)]) for i, (_, v) in enumerate(pairs) if id(v) in self.index]
+        if not present:
             return tf.no_op()
-        return squares.scatter_nd_update(tf.constant(indices), tf.stack(kept))
+
+        def write() -> Any:
+            halves = [_half_square(applied[i]) for i, _ in present]
+            rows = [GRAD] * len(present)
+            if before is not None:
+                moved = [tf.identity(pairs[i][1]) - before[i] for i, _ in present]
+                halves += [_half_square(m) for m in moved] + [_half_square(before[i]) for i, _ in present]
+                rows += [MOVED] * len(present) + [BEFORE] * len(present)
+            columns = [column for _, column in present] * (len(rows) // len(present))
+            indices = tf.constant([[row, column] for row, column in zip(rows, columns)])
+            cleared = [squares.assign(-tf.ones_like(squares))] if clears else []
+            with tf.control_dependencies(cleared):
+                written = squares.scatter_nd_update(indices, 2 * tf.stack(halves))
+            return tf.group(written, *[variable.assign(tf.cast(g, variable.dtype)) for variable, g in kept])
+
+        with tf.control_dependencies(updates if self.graph else []):  # reads how far the update moved
+            return self._when_logged(write, tf.no_op)
+
+    def _first_in_step(self) -> bool:
+        """Whether this is the first optimizer call traced in the step being made (the graph it is
+        made in has not been seen)."""
+        graph = tf.compat.v1.get_default_graph()
+        first = graph not in self.cleared
+        self.cleared.add(graph)
+        return first
+
+    def _when_logged(self, logged: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
+        """``logged()``, or on a step the logger reads nothing of, ``otherwise()`` (a ``tf.cond`` on
+        ``logging``, which the logger sets before each step; none where every step is logged)."""
+        if self.logging is None:
+            return logged()
+        return tf.compat.v1.cond(tf.identity(self.logging), logged, otherwise, strict=True)
+
+    def _make_logging(self) -> None:
+        if not self.graph:
+            with tf.init_scope():
+                self.logging = tf.Variable(True, trainable=False)
+            self.logs_next = True
+            return
+        with self.backend.get_session().graph.as_default():
+            self.logging = tf.Variable(True, trainable=False)
+            self.set_logging = {value: self.logging.assign(value) for value in (True, False)}
+        self.logs_next = True
 
     def _squares(self) -> Any:
         """The (3, weights) array, made when the first step is traced (or built), when the model's
@@ -256,7 +324,6 @@ class Tap:
             self.index = {id(w): i for i, w in enumerate(weights)}
             with tf.init_scope():
                 self.squares = tf.Variable(-tf.ones([3, len(weights)], tf.float32), trainable=False)
-                self.clear = None if self.graph else -tf.ones([3, len(weights)], tf.float32)
         return self.squares
 
     def _sum(self, variable: Any) -> Any:
@@ -280,6 +347,16 @@ class Tap:
         return self.grads[id(variable)]
 
 
+def _dense(grads: List[Any]) -> List[Any]:
+    """Embeddings' ``tf.IndexedSlices`` as the dense gradient they add up to."""
+    return [tf.convert_to_tensor(g) for g in grads]
+
+
+def _half_square(value: Any) -> Any:
+    """Half the squared L2 norm, in float32 (mixed precision's float16 would overflow)."""
+    return tf.nn.l2_loss(value if value.dtype == tf.float32 else tf.cast(value, tf.float32))
+
+
 def _initialized(session: Any, variable: Any) -> bool:
     """Whether a variable made in an earlier fit already holds its values (they are kept)."""
     return bool(session.run(tf.compat.v1.is_variable_initialized(variable)))
@@ -287,7 +364,7 @@ def _initialized(session: Any, variable: Any) -> bool:
 
 def _ratio(moved: float, before: float) -> float:
     """How far the update moved the weight over its norm before (0 for a weight that was all zeros)."""
-    return float(np.sqrt(moved / before)) if before > 0 else 0.0
+    return math.sqrt(moved / before) if before > 0 else 0.0
 
 
 def layer_of(model: Model) -> Dict[int, str]:

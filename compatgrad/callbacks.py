@@ -167,7 +167,12 @@ class GradientLogger(AnyKerasCallback):
         self._layers = layer_of(model)
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if not self._tap.patched:  # another logger's set_model took the model over after this one's
+            raise InvalidArgumentError(
+                "callbacks", "one GradientLogger a fit", "two tapping the same model's step"
+            )
         self._training = True
+        self._tap.stepped()
         if self.log_dir is not None and self._writer is None:
             self._writer = _writer(self.log_dir, self._tap.graph)
         # Steps are counted here, from the optimizer's count as fit starts: no read of it a step.
@@ -180,6 +185,7 @@ class GradientLogger(AnyKerasCallback):
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         """``batch``: the epoch's last batch the call trained on (with ``steps_per_execution``, its last)."""
+        self._tap.stepped()
         before, self._steps = self._steps, self._epoch_start + batch + 1
         step, self._stride = self._steps, max(self._steps - before, 1)
         self._tap.log_next(self._due(step + self._stride, step, self.every))

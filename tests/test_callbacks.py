@@ -10,7 +10,7 @@ import pytest
 
 import kit
 from compatgrad import errors
-from compatgrad.callbacks import GradientLogger
+from compatgrad.callbacks import AnyKerasCallback, GradientLogger
 
 keras, tf = kit.keras, kit.tf
 layers = keras.layers
@@ -21,6 +21,16 @@ BATCH, STEPS = 8, 5  # steps per epoch
 def classifier(optimizer):
     inputs = layers.Input(shape=(4,))
     hidden = layers.Dense(6, activation="tanh", name="hidden")(inputs)
+    model = keras.Model(inputs, layers.Dense(3, activation="softmax", name="head")(hidden))
+    model.compile(optimizer, "sparse_categorical_crossentropy")
+    return model
+
+
+def checked_classifier(optimizer):
+    """``classifier`` whose step raises on NaN inputs."""
+    inputs = layers.Input(shape=(4,))
+    checked = layers.Lambda(lambda t: tf.debugging.check_numerics(t, "inputs"))(inputs)
+    hidden = layers.Dense(6, activation="tanh", name="hidden")(checked)
     model = keras.Model(inputs, layers.Dense(3, activation="softmax", name="head")(hidden))
     model.compile(optimizer, "sparse_categorical_crossentropy")
     return model
@@ -120,12 +130,16 @@ def test_update_ratios_are_how_far_each_step_moved_the_weights(rng):
 
 @kit.UNTOUCHED_CLIPNORM_GRAPH.needed
 def test_training_is_bit_identical(rng):
+    """Before, with and after the logger: momenta from a fit without it go on through one with it."""
     logged, plain = twins(lambda: kit.sgd(learning_rate=0.1, momentum=0.9, clipnorm=0.5))
     x, y = data(rng)
-    fit(logged, x, y, GradientLogger(every=2))
-    fit(plain, x, y)
+    for loggers in ([], [GradientLogger(every=2)], []):
+        fit(logged, x, y, *loggers, epochs=1)
+        fit(plain, x, y, epochs=1)
 
-    for a, b in zip(kit.values(logged.weights), kit.values(plain.weights)):
+    state = [kit.optimizer_variables(model.optimizer) for model in (logged, plain)]
+    assert len(state[0]) == len(state[1]) > 1  # the momenta too
+    for a, b in zip(kit.values(logged.weights + state[0]), kit.values(plain.weights + state[1])):
         assert np.array_equal(a, b)
 
 
@@ -270,6 +284,46 @@ def test_a_train_function_set_from_outside_is_refused_and_kept(rng):
         fit(model, x, y, GradientLogger())
     assert model.train_function is own_train_function
     assert not {"apply", "apply_gradients", "get_updates"} & set(vars(model.optimizer))
+
+
+class RaiseAt(AnyKerasCallback):
+    """A callback raising after a given batch (as a Ctrl-C between steps does)."""
+
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            raise KeyboardInterrupt
+
+
+def nan_at(x, row):
+    x = x.copy()
+    x[row] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("where", ["between steps", "in the step"])
+def test_a_fit_that_raises_leaves_the_model_as_it_was(rng, where):
+    """Keras calls no on_train_end then: the tap goes when the step raises, or at the next fit's step."""
+    model, twin = twins(lambda: kit.sgd(learning_rate=0.1, momentum=0.9), model=checked_classifier)
+    x, y = data(rng)
+    if where == "between steps":
+        raising, first = (KeyboardInterrupt, x), [RaiseAt(batch=2)]
+    else:
+        raising, first = (tf.errors.InvalidArgumentError, nan_at(x, 2 * BATCH)), []
+    for trained, loggers in ((model, [GradientLogger()]), (twin, [])):
+        with pytest.raises(raising[0]):
+            fit(trained, raising[1], y, *first, *loggers, epochs=1)
+    fit(model, x, y)
+    fit(twin, x, y)
+
+    assert not {"apply", "apply_gradients", "get_updates"} & set(vars(model.optimizer))
+    assert getattr(model.train_function, "compatgrad_tap", None) is None
+    assert not hasattr(type(model.train_function), "compatgrad_tap")
+    for a, b in zip(kit.values(model.weights), kit.values(twin.weights)):
+        assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize(

@@ -72,7 +72,11 @@ class Tap:
         self.backend = _paths.load(flavour.root, "backend")
         self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
         self.patched: List[Tuple[Any, str]] = []  # (optimizer, the method wrapped)
-        self.replaced: Optional[Tuple[Any, Dict[str, Any]]] = None  # graph: (fit's K.function, its state)
+        # graph mode: (the K.function fit calls, its own state (None: the tapped one) and class)
+        self.replaced: Optional[Tuple[Any, Optional[Dict[str, Any]], type]] = None
+        self.pending = False  # the train function ran a step the logger has not heard of
+        # graph mode: (optimizer, its slots as fit made them, (fit's, the tapped step's) pairs)
+        self.slots: List[Tuple[Any, List[Any], Pairs]] = []
         self.index: Dict[int, int] = {}  # id(weight) -> its column
         self.squares: Any = None  # (3, weights): -1 where no step wrote since the last read
         self.grads: Dict[int, Any] = {}  # id(weight) -> its last gradient (``keep``)
@@ -86,6 +90,9 @@ class Tap:
     def install(self) -> None:
         model = self.model_ref()
         assert model is not None  # the logger holds it
+        stale = getattr(model.train_function, "compatgrad_tap", None)
+        if stale is not None:  # another logger's, left by a fit that raised: it goes first
+            stale.remove()
         every = [self.steps_class(optimizer) for optimizer in optimizers_of(model)]
         _check(model, every, self.clip, self.graph)
         self.squares = None  # made by the first step traced: a model may build its weights there
@@ -96,33 +103,110 @@ class Tap:
             self._patch(steps)
         fits = model.train_function
         model.train_function = None
-        if not self.graph:  # Keras makes it again as fit starts, traced with the wrappers
+        if not self.graph:  # made again now, traced with the wrappers at fit's first step
+            model.make_train_function()  # Keras 3's returns nothing: it sets model.train_function
+            model.train_function = self._guarded(model.train_function)
             return
+        slots = [(optimizer, list(optimizer.weights)) for optimizer in optimizers_of(model)]
         model._make_train_function()
         tapped = model.train_function
+        self._carry_slots(slots)
         session = self.backend.get_session()
         created = [self.squares, self.logging, *self.grads.values(), *self.sums.values(), self.sum_of_squares]
         made = [v for v in created if v is not None and not _initialized(session, v)]
         session.run(tf.compat.v1.variables_initializer(made))
-        if fits is not None:  # fit holds this one: it runs the tapped graph until remove
-            self.replaced = (fits, dict(vars(fits)))
+        if fits is None:  # none made yet (an evaluate or predict): the tapped one, guarded
+            self.replaced = (tapped, None, type(tapped))
+        else:  # fit holds this one: it runs the tapped graph until remove
+            self.replaced = (fits, dict(vars(fits)), type(fits))
             vars(fits).update(vars(tapped))
-            model.train_function = fits
+        function = self.replaced[0]
+        function.__class__ = self._guarded_class(type(function))
+        model.train_function = function
+
+    def _carry_slots(self, slots: List[Tuple[Any, List[Any]]]) -> None:
+        """Standalone Keras' ``get_updates`` makes its optimizer's slots (momenta, ...) anew each time
+        it is called: the tapped step's take the values of fit's own, which get the values back at
+        ``remove`` (else fit would go on from before the tapped steps)."""
+        for optimizer, before in slots:
+            now = list(optimizer.weights)
+            pairs = [(b, n) for b, n in zip(before, now) if b is not n]
+            if len(before) != len(now) or not pairs:
+                continue
+            self.backend.batch_set_value(
+                [(n, v) for (_, n), v in zip(pairs, self.backend.batch_get_value([b for b, _ in pairs]))]
+            )
+            self.slots.append((optimizer, before, pairs))
 
     def remove(self) -> None:
         for optimizer, method in self.patched:
             delattr(optimizer, method)
         self.patched = []
+        for optimizer, before, pairs in self.slots:
+            values = self.backend.batch_get_value([n for _, n in pairs])
+            self.backend.batch_set_value([(b, v) for (b, _), v in zip(pairs, values)])
+            optimizer.weights = before
+        self.slots = []
         model = self.model_ref()
         if model is not None:
             model.train_function = None  # the tapped one: the next call makes Keras' own again
         if self.replaced is not None:
-            fits, state = self.replaced
-            vars(fits).clear()
-            vars(fits).update(state)
-            if model is not None:
-                model.train_function = fits
+            function, state, cls = self.replaced
+            function.__class__ = cls
+            if state is not None:  # fit's own, back as it was
+                vars(function).clear()
+                vars(function).update(state)
+                if model is not None:
+                    model.train_function = function
             self.replaced = None
+
+    def stepped(self) -> None:
+        """The logger heard of the step the train function just ran (see ``_guarded``)."""
+        self.pending = False
+
+    # --- If fit raises (Keras then calls no on_train_end) ----------------------------------------
+
+    def _guarded(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """The tapped train function as ``fit`` calls it: the tap goes if the step raises, or if the
+        function is called twice with no word from the logger between (a ``fit`` without it, after one
+        that raised between steps: that call runs Keras' own function, made again)."""
+        tap = self
+
+        def train_function(*args: Any, **kwargs: Any) -> Any:
+            model = tap.model_ref()
+            if tap.pending or not tap.patched or model is None:
+                tap.remove()
+                if model is None:
+                    return function(*args, **kwargs)
+                model.make_train_function()
+                return model.train_function(*args, **kwargs)
+            return tap._call(function, args, kwargs)
+
+        train_function.compatgrad_tap = self  # type: ignore[attr-defined]
+        return train_function
+
+    def _guarded_class(self, cls: type) -> type:
+        """Graph mode: ``fit``'s ``K.function``'s class, its call guarded as in ``_guarded``."""
+        tap = self
+
+        def __call__(function: Any, *args: Any, **kwargs: Any) -> Any:
+            if tap.pending or not tap.patched:
+                tap.remove()
+                return function(*args, **kwargs)  # Keras' own again
+            return tap._call(lambda *a, **k: cls.__call__(function, *a, **k), args, kwargs)
+
+        return type(cls.__name__, (cls,), {"__call__": __call__, "compatgrad_tap": self})
+
+    def _call(self, function: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        self.pending = True
+        try:
+            return function(*args, **kwargs)
+        except (StopIteration, tf.errors.OutOfRangeError):  # the data ran out: fit goes on
+            self.pending = False
+            raise
+        except BaseException:
+            self.remove()
+            raise
 
     def log_next(self, logged: bool) -> None:
         """Whether the next step is to be logged (``gated``; set only when it changes)."""
@@ -405,8 +489,10 @@ def _check(model: Model, every: List[Steps], clip: bool, graph: bool) -> None:
 
 
 def _made_by_keras(function: Any, graph: bool) -> bool:
-    """Eager: a function ``make_train_function`` defines; graph mode: a ``K.function`` of Keras' backend."""
+    """Eager: a function a Keras trainer module defines (``make_train_function``'s, Keras 3's
+    ``_make_function``'s); graph mode: a ``K.function`` of Keras' backend."""
     if graph:
         return type(function).__module__.split(".")[-1] in ("backend", "tensorflow_backend")
-    made_by = getattr(getattr(function, "python_function", function), "__qualname__", "")
-    return ".make_train_function.<locals>." in made_by
+    python_function = getattr(function, "python_function", function)
+    module, name = getattr(python_function, "__module__", ""), getattr(python_function, "__qualname__", "")
+    return module.split(".")[0] in ("keras", "tf_keras", "tensorflow") and "<locals>" in name

@@ -315,9 +315,7 @@ class NoiseScale:
             for now, before in zip(sums, start[2])
             if now is not None
         )
-        small_batch, big_batch = self.batch_size, self.batch_size * count
-        norm = (big_batch * large - small_batch * small) / (big_batch - small_batch)
-        trace = (small - large) / (1.0 / small_batch - 1.0 / big_batch)
+        norm, trace = noise_scale_terms(self.batch_size, self.batch_size * count, small, large)
         if self.averages is None:
             self.averages = [norm, trace]
         else:
@@ -325,6 +323,17 @@ class NoiseScale:
                 self.smoothing * a + (1 - self.smoothing) * v for a, v in zip(self.averages, (norm, trace))
             ]
         self.estimate = self.averages[1] / self.averages[0] if self.averages[0] > 0 else None
+
+
+def noise_scale_terms(
+    small_batch: int, big_batch: int, small_mean_square: float, big_square: float
+) -> Tuple[float, float]:
+    """Unbiased estimates of |G|^2 and tr(Sigma) (McCandlish et al. 2018, appendix A.1) from the mean
+    squared norm of gradients of ``small_batch`` examples and the squared norm of one (or the mean)
+    of ``big_batch``: their ratio is B_simple."""
+    norm = (big_batch * big_square - small_batch * small_mean_square) / (big_batch - small_batch)
+    trace = (small_mean_square - big_square) / (1.0 / small_batch - 1.0 / big_batch)
+    return norm, trace
 
 
 def _entry(

@@ -119,6 +119,36 @@ def test_grads_in_batches_equals_the_whole_data(tmp_path, rng, capsys):
         assert kit.max_difference([a[k] for k in a.files], [b[k] for k in a.files]) <= 1e-6, params
 
 
+def test_grads_noise_scale_recovers_b_simple_on_a_known_problem(tmp_path, rng, capsys):
+    """A linear model at w = 0: each example's gradient of (x.w - y)^2 is -2 y x, so |G|^2 and
+    tr(Sigma) over the data are a closed form, and B_simple their ratio."""
+    features, examples, batch_size = 8, 2048, 16
+    x = rng.randn(examples, features).astype("float32")
+    y = (x @ (0.3 * rng.randn(features)) + rng.randn(examples)).astype("float32")[:, None]
+    model = kit.keras.Sequential(
+        [kit.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros", input_shape=(features,))]
+    )
+    model.compile(kit.sgd(), "mse")
+    model_path = str(tmp_path / ("model.keras" if kit.KERAS3 else "model.h5"))
+    model.save(model_path)
+    np.savez(str(tmp_path / "data.npz"), x=x, y=y)
+    per_example = -2.0 * y.astype(np.float64) * x
+    mean = per_example.mean(axis=0)
+    expected = per_example.var(axis=0).sum() / (mean @ mean)
+
+    code, out, err = run_here(
+        capsys, "grads", model_path, str(tmp_path / "data.npz"), "--noise-scale", str(batch_size)
+    )
+    assert code == 0, err
+    line = out.strip().splitlines()[-1]
+    assert line.startswith("gradient noise scale B_simple ") and f"over {examples // batch_size}:" in line
+    assert float(line.split()[4]) == pytest.approx(expected, rel=0.1)
+    code, _, err = run_here(
+        capsys, "grads", model_path, str(tmp_path / "data.npz"), "--noise-scale", str(examples)
+    )
+    assert code == 2 and "--noise-scale: expected a batch size from 1 to half" in err
+
+
 def test_grads_bad_input_is_one_line_and_exit_2(tmp_path, rng, capsys):
     model_path, data_path, x, y = saved_model(tmp_path, rng)
     np.savez(str(tmp_path / "wrong_keys.npz"), z=x, y=y)

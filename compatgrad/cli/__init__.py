@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, cast
 
+from ..errors import InvalidArgumentError
+
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
@@ -45,6 +47,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--plot",
         metavar="NORMS.png",
         help="bar chart of the gradient norms (needs matplotlib: compatgrad[plot])",
+    )
+    grads.add_argument(
+        "--noise-scale",
+        type=int,
+        metavar="BATCH",
+        help="also the gradient noise scale B_simple, from batches of this size and the whole data",
     )
     board = commands.add_parser("tensorboard", help="a summary of the gradients a GradientLogger logged")
     board.add_argument("log_dir", metavar="LOGDIR", help="the GradientLogger's log_dir")
@@ -95,6 +103,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _grads(args: argparse.Namespace) -> int:
+    if args.noise_scale is not None and args.params != "weights":
+        raise InvalidArgumentError("--noise-scale", "--params weights", f"--params {args.params}")
     if args.plot:  # fail before the slow part when the plot cannot be drawn
         try:
             import matplotlib  # noqa: F401
@@ -112,6 +122,14 @@ def _grads(args: argparse.Namespace) -> int:
     params = report.params_for(model, args.params, args.layers)
     grads = report.gradients(model, x, y, sample_weight, params, args.learning_phase, args.batch_size)
     print(report.table(grads))
+    if args.noise_scale is not None:
+        norm, trace, count = report.noise_scale(
+            model, x, y, sample_weight, args.learning_phase, args.noise_scale
+        )
+        print(
+            f"gradient noise scale B_simple {trace / norm:.4g} (batches of {args.noise_scale} and "
+            f"their mean over {count}: |G|^2 {norm:.4g}, tr(Sigma) {trace:.4g}; unclipped)"
+        )
     if args.out:
         np.savez(args.out, **cast(Dict[str, Any], grads))  # numpy's stub reads ** as allow_pickle
     if args.plot:

@@ -1,6 +1,6 @@
 """``compatgrad grads``: gradients of a saved model on npz data, as a table, an npz and a bar chart."""
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -50,17 +50,11 @@ def gradients(
         return get_gradients(model, x, y, params, sample_weight, learning_phase, as_dict=True)
     if batch_size < 1:
         raise InvalidArgumentError("--batch-size", "a positive number of examples", batch_size)
-    total = len(np.asarray(x[0] if isinstance(x, list) else x))
+    total = _examples(x)
     starts = range(0, total, batch_size)
 
     def rows(value: Any, start: int) -> Any:
-        if value is None:
-            return None
-        return (
-            [v[start : start + batch_size] for v in value]
-            if isinstance(value, list)
-            else value[start : start + batch_size]
-        )
+        return _rows(value, start, batch_size)
 
     if all(hasattr(p, "assign") for p in params):  # variables: compatgrad's own dataset path
         batches = (
@@ -91,6 +85,64 @@ def gradients(
             parts.setdefault(name, []).append(g * scale)
         progress.update(count)
     return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+
+
+def noise_scale(
+    model: Model,
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    learning_phase: int,
+    batch_size: int,
+) -> Tuple[float, float, int]:
+    """The gradient noise scale's terms (|G|^2, tr(Sigma), batches) from two batch sizes at the
+    model's weights: each batch of ``batch_size`` examples (the data's last, shorter one left out) and
+    all of them together, their mean (``callbacks.noise_scale_terms``). Gradients unclipped: clipping
+    shrinks the small batches' more."""
+    from ..callbacks import noise_scale_terms
+
+    total = _examples(x)
+    if not 1 <= batch_size <= total // 2:
+        raise InvalidArgumentError(
+            "--noise-scale", f"a batch size from 1 to half the data's {total} examples", batch_size
+        )
+    count = total // batch_size
+    progress = _paths.load(flavour_of(model).root, "progbar").Progbar(count)
+    sum_of_squares, sums = 0.0, None
+    for index in range(count):
+        start = index * batch_size
+        grads = [
+            np.asarray(g, np.float64)
+            for g in get_gradients(
+                model,
+                _rows(x, start, batch_size),
+                _rows(y, start, batch_size),
+                None,
+                _rows(sample_weight, start, batch_size),
+                learning_phase,
+                clip=False,
+            )
+        ]
+        sum_of_squares += sum(float(np.sum(g * g)) for g in grads)
+        sums = grads if sums is None else [s + g for s, g in zip(sums, grads)]
+        progress.update(index + 1)
+    assert sums is not None  # two batches or more
+    mean_square = sum(float(np.sum((s / count) ** 2)) for s in sums)
+    norm, trace = noise_scale_terms(batch_size, batch_size * count, sum_of_squares / count, mean_square)
+    return norm, trace, count
+
+
+def _examples(x: Any) -> int:
+    return len(np.asarray(x[0] if isinstance(x, list) else x))
+
+
+def _rows(value: Any, start: int, size: int) -> Any:
+    """Rows ``start`` to ``start + size`` of an array, of each of a list of them, or None."""
+    if value is None:
+        return None
+    return (
+        [v[start : start + size] for v in value] if isinstance(value, list) else value[start : start + size]
+    )
 
 
 def table(grads: Dict[str, np.ndarray]) -> str:

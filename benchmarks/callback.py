@@ -5,7 +5,8 @@
 Without ``--mode`` it runs each mode this TensorFlow has, in ``--processes`` fresh processes. Per
 workload (MLP 784-256-10, batches of 128, 80 a epoch; conv 32x32x3, batches of 64, 40 a epoch), one
 model trains in turns: ``fit`` of 2 epochs without a logger, with a logger tapping every step
-(norms), with one also writing all of it to TensorBoard and histograms every 100 steps. A fit's
+(norms), every 10 steps, and every step writing all of it to TensorBoard with histograms every 100
+steps. A fit's
 figure is its second epoch (the first traces the train function: the logger's is traced again at
 each ``fit``), timed by a callback; a round's ratio is with / without, a process's the median over
 rounds, the figure the median over processes. Targets (issue 19): norms every step <= 1.05,
@@ -85,6 +86,7 @@ def run_mode(mode: str, rounds: int) -> int:
         variants = {
             "without": lambda: [],
             "norms every step": lambda: [GradientLogger()],
+            "norms every 10": lambda: [GradientLogger(every=10)],
             "histograms every 100": lambda: [GradientLogger(histograms_every=100, log_dir=log_dir)],
         }
         seconds: Dict[str, List[float]] = {name: [] for name in variants}

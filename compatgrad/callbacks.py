@@ -10,6 +10,7 @@ Importing this module imports no framework: the tap (``backends._tap``) comes wi
 import logging
 import math
 import uuid
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -132,6 +133,7 @@ class GradientLogger(AnyKerasCallback):
         self._layers: Dict[int, str] = {}
         self._alerted: set = set()
         self._steps = self._epoch_start = self._stride = 0  # counted as fit trains
+        self._logged: Optional[int] = None  # the step of the last entry
 
     # --- Keras' hooks ---------------------------------------------------------------------------------
 
@@ -143,6 +145,7 @@ class GradientLogger(AnyKerasCallback):
         from .detect import flavour_of
 
         self.model = model
+        self._training = False  # fit, evaluate or predict starts (fit's validation calls no set_model)
         if self._tap is None or self._tap.model_ref() is not model:
             keep = self.on_gradients is not None or self.histograms_every is not None
             self._tap = Tap(
@@ -168,6 +171,9 @@ class GradientLogger(AnyKerasCallback):
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if not self._tap.patched:  # another logger's set_model took the model over after this one's
+            other = getattr(self.model.train_function, "compatgrad_tap", None)
+            if other is not None:
+                other.remove()
             raise InvalidArgumentError(
                 "callbacks", "one GradientLogger a fit", "two tapping the same model's step"
             )
@@ -175,9 +181,10 @@ class GradientLogger(AnyKerasCallback):
         self._tap.stepped()
         if self.log_dir is not None and self._writer is None:
             self._writer = _writer(self.log_dir, self._tap.graph)
-        # Steps are counted here, from the optimizer's count as fit starts: no read of it a step.
+        # Steps are counted here, from the optimizer's count as fit starts (and as each logged step
+        # wrote it): nothing is read on the steps in between.
         self._steps = self._epoch_start = int(self._tap.values([self.model.optimizer.iterations])[0])
-        self._stride = 1  # steps a call of the train function (steps_per_execution), as seen
+        self._stride = 1  # the most steps a call of the train function ran (steps_per_execution)
         self._tap.log_next(True)  # the first call, whatever its stride
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
@@ -187,7 +194,7 @@ class GradientLogger(AnyKerasCallback):
         """``batch``: the epoch's last batch the call trained on (with ``steps_per_execution``, its last)."""
         self._tap.stepped()
         before, self._steps = self._steps, self._epoch_start + batch + 1
-        step, self._stride = self._steps, max(self._steps - before, 1)
+        step, self._stride = self._steps, max(self._steps - before, self._stride)
         self._tap.log_next(self._due(step + self._stride, step, self.every))
         if not self._weights:  # a model its first step built
             self._describe(self.model)
@@ -197,6 +204,11 @@ class GradientLogger(AnyKerasCallback):
             return
         histograms = self.histograms_every is not None and self._due(step, before, self.histograms_every)
         record = self._tap.read(self._weights, with_grads=histograms or self.on_gradients is not None)
+        if record.step is None or record.step == self._logged:  # no step wrote since the last read
+            return
+        # The count the step wrote: the host's may drift (an execution cut short, a skipped step).
+        self._epoch_start += record.step - step
+        self._steps = self._logged = step = record.step
         names, grads = self._names, record.grads
         entry = _entry(step, names, record, self._layers, self._weights)
         if self.noise.estimate is not None:
@@ -298,21 +310,23 @@ class NoiseScale:
         self.batch_size, self.window, self.smoothing = batch_size, window, smoothing
         self.estimate: Optional[float] = None
         self.averages: Optional[List[float]] = None  # of |G|^2 and tr(Sigma)
-        self.start: Optional[Tuple[int, float, List[Any]]] = None  # (step, sums so far)
+        self.start: Optional[Tuple[int, float, int, List[Any]]] = None  # (step, the sums so far)
 
     def due(self, step: int) -> bool:
         """Whether a window ends at ``step`` (or the first one starts): the sums are read then."""
         return self.batch_size is not None and (self.start is None or step - self.start[0] >= self.window)
 
-    def update(self, step: int, sum_of_squares: float, sums: List[Optional[np.ndarray]]) -> None:
-        start, self.start = self.start, (step, sum_of_squares, sums)
-        if start is None or self.batch_size is None:
+    def update(self, step: int, sum_of_squares: float, summed: int, sums: List[Optional[np.ndarray]]) -> None:
+        """At ``step`` (the logger's count), the running sums: of the squared norms, of the steps
+        summed (as the step counts them), of the gradients."""
+        start, self.start = self.start, (step, sum_of_squares, summed, sums)
+        count = summed - start[2] if start is not None else 0
+        if start is None or self.batch_size is None or count < 2:
             return
-        count = step - start[0]
         small = (sum_of_squares - start[1]) / count  # S
         large = sum(  # L
             float(np.sum(np.square((now - (0 if before is None else before)) / count)))
-            for now, before in zip(sums, start[2])
+            for now, before in zip(sums, start[3])
             if now is not None
         )
         norm, trace = noise_scale_terms(self.batch_size, self.batch_size * count, small, large)
@@ -390,6 +404,9 @@ def _writer(log_dir: str, graph: bool) -> Any:
                 flush_millis=120_000,
                 filename_suffix=".v2",
             )
+            # Closed (what is queued written) when fit ends, or when the logger goes: a fit that
+            # raised never ends.
+            self.close = weakref.finalize(self, _close_summary_writer, tf, self.resource)
 
         def write(self, step: int, values: List[Any]) -> None:
             tf.raw_ops.WriteRawProtoSummary(
@@ -398,11 +415,12 @@ def _writer(log_dir: str, graph: bool) -> Any:
                 tensor=Summary(value=values).SerializeToString(),
             )
 
-        def close(self) -> None:
-            tf.raw_ops.CloseSummaryWriter(writer=self.resource)
-            tf.raw_ops.DestroyResourceOp(resource=self.resource, ignore_lookup_error=True)
-
     return GraphWriter() if graph else EagerWriter()
+
+
+def _close_summary_writer(tf: Any, resource: Any) -> None:
+    tf.raw_ops.CloseSummaryWriter(writer=resource)
+    tf.raw_ops.DestroyResourceOp(resource=resource, ignore_lookup_error=True)
 
 
 def _histogram(values: np.ndarray) -> Any:

@@ -377,6 +377,12 @@ JIT_COMPILE = Capability(
     reason="Model.compile takes jit_compile from TF 2.8 on",
     raises=TypeError,  # "Invalid keyword argument(s) in `compile`"
 )
+STEPS_PER_EXECUTION = Capability(
+    name="steps_per_execution",
+    missing_in=lambda cell: cell.tf < (2, 4),
+    reason="Model.compile takes steps_per_execution from TF 2.4 on (2.3: experimental_steps_per_execution)",
+    raises=TypeError,  # "Invalid keyword argument(s) in `compile`"
+)
 UNCLIPPED_IN_APPLY = Capability(
     name="unclipped gradients in apply_gradients",
     missing_in=lambda cell: cell.flavour != "keras" and cell.tf < (2, 4),
@@ -441,6 +447,7 @@ CAPABILITIES = [
     ADAMW,
     LOSS_CLASSES,
     JIT_COMPILE,
+    STEPS_PER_EXECUTION,
     UNCLIPPED_IN_APPLY,
     UNTOUCHED_CLIPNORM_GRAPH,
     UPDATES_READ_IN_THE_STEP,

@@ -184,6 +184,35 @@ def test_every_logs_what_those_steps_apply(rng):
             assert list(entry["update_ratios"].values()) == pytest.approx(ratios, rel=1e-4)
 
 
+@pytest.mark.skipif(kit.GRAPH, reason="graph mode's compile takes none of these")
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"jit_compile": True}, id="jit_compile", marks=kit.JIT_COMPILE.needed),
+        pytest.param({"run_eagerly": True}, id="run_eagerly"),
+        pytest.param(
+            {"steps_per_execution": 2}, id="steps_per_execution", marks=kit.STEPS_PER_EXECUTION.needed
+        ),
+    ],
+)
+def test_every_under_xla_run_eagerly_and_several_steps_an_execution(rng, options):
+    """With executions of 2 steps, each epoch's last is cut short (5 batches): an entry is the last
+    logged step's, labelled with the optimizer's count it wrote."""
+    model, twin = twins(kit.sgd)
+    model.compile(kit.sgd(), "sparse_categorical_crossentropy", **options)
+    x, y = data(rng)
+    collect = Collect()
+    logger = GradientLogger(every=2, on_gradients=collect)
+    fit(model, x, y, logger)
+
+    steps = [entry["step"] for entry in logger.history]
+    assert steps == sorted(collect.grads) == sorted(set(steps)) and len(steps) >= 4
+    for step in range(1, 2 * STEPS + 1):
+        applied = kit.train_step_delta(twin, *batch(x, y, step))
+        if step in collect.grads:
+            assert kit.parity_difference(collect.grads[step], applied) < TOL, step
+
+
 def test_tensorboard_reads_back_the_scalars_and_histograms(rng, tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 
@@ -313,9 +342,12 @@ def test_a_fit_that_raises_leaves_the_model_as_it_was(rng, where):
         raising, first = (KeyboardInterrupt, x), [RaiseAt(batch=2)]
     else:
         raising, first = (tf.errors.InvalidArgumentError, nan_at(x, 2 * BATCH)), []
-    for trained, loggers in ((model, [GradientLogger()]), (twin, [])):
+    logger = GradientLogger()
+    for trained, loggers in ((model, [logger]), (twin, [])):
         with pytest.raises(raising[0]):
             fit(trained, raising[1], y, *first, *loggers, epochs=1)
+    model.evaluate(x, y, verbose=0, callbacks=[logger])  # an evaluate of its own: the tap goes after
+    assert not {"apply", "apply_gradients", "get_updates"} & set(vars(model.optimizer))
     fit(model, x, y)
     fit(twin, x, y)
 

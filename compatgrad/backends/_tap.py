@@ -35,16 +35,18 @@ GRAD, MOVED, BEFORE = 0, 1, 2  # the rows of the squared norms: gradient, update
 
 
 class Record:
-    """What the steps since the last read applied, per trainable weight (``model.trainable_weights``'
-    order); None where they applied nothing, or for what was not kept."""
+    """What the last logged step applied, per trainable weight (``model.trainable_weights``' order);
+    None where it applied nothing, or for what was not kept. ``step``: the optimizer's count after it
+    (None: no step was logged)."""
 
     def __init__(
         self,
+        step: Optional[int],
         norms: List[Optional[float]],
         update_ratios: List[Optional[float]],
         grads: List[Optional[np.ndarray]],
     ):
-        self.norms, self.update_ratios, self.grads = norms, update_ratios, grads
+        self.step, self.norms, self.update_ratios, self.grads = step, norms, update_ratios, grads
 
 
 class Tap:
@@ -72,16 +74,19 @@ class Tap:
         self.backend = _paths.load(flavour.root, "backend")
         self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
         self.patched: List[Tuple[Any, str]] = []  # (optimizer, the method wrapped)
-        # graph mode: (the K.function fit calls, its own state (None: the tapped one) and class)
-        self.replaced: Optional[Tuple[Any, Optional[Dict[str, Any]], type]] = None
+        # graph mode: (the K.function fit calls, its own state and class)
+        self.replaced: Optional[Tuple[Any, Dict[str, Any], type]] = None
         self.pending = False  # the train function ran a step the logger has not heard of
+        self.written_in_call = False  # run eagerly (nothing traced): a step's first write is done
         # graph mode: (optimizer, its slots as fit made them, (fit's, the tapped step's) pairs)
         self.slots: List[Tuple[Any, List[Any], Pairs]] = []
         self.index: Dict[int, int] = {}  # id(weight) -> its column
-        self.squares: Any = None  # (3, weights): -1 where no step wrote since the last read
+        # (3, weights + 1), float64: -1 where the last logged step wrote nothing; the last column's
+        # first entry is the optimizer's count after that step
+        self.squares: Any = None
         self.grads: Dict[int, Any] = {}  # id(weight) -> its last gradient (``keep``)
         self.sums: Dict[int, Any] = {}  # id(weight) -> the sum of its gradients so far (``accumulate``)
-        self.sum_of_squares: Any = None  # of every gradient's squared norm so far (``accumulate``)
+        self.sum_of_squares: Any = None  # (``accumulate``) of every gradient's squared norm so far, steps
         self.cleared: weakref.WeakSet[Any] = weakref.WeakSet()  # the step graphs that clear ``squares``
         self.logging: Any = None  # (``gated``) whether the next step is to be logged: a bool variable
         self.logs_next: Optional[bool] = None  # its value, as last set
@@ -95,6 +100,8 @@ class Tap:
             stale.remove()
         every = [self.steps_class(optimizer) for optimizer in optimizers_of(model)]
         _check(model, every, self.clip, self.graph)
+        if self.graph and model.train_function is None:  # Keras' own first: the tapped one goes into it
+            model._make_train_function()
         self.squares = None  # made by the first step traced: a model may build its weights there
         self.cleared = weakref.WeakSet()
         if self.gated and self.logging is None:
@@ -115,14 +122,11 @@ class Tap:
         created = [self.squares, self.logging, *self.grads.values(), *self.sums.values(), self.sum_of_squares]
         made = [v for v in created if v is not None and not _initialized(session, v)]
         session.run(tf.compat.v1.variables_initializer(made))
-        if fits is None:  # none made yet (an evaluate or predict): the tapped one, guarded
-            self.replaced = (tapped, None, type(tapped))
-        else:  # fit holds this one: it runs the tapped graph until remove
-            self.replaced = (fits, dict(vars(fits)), type(fits))
-            vars(fits).update(vars(tapped))
-        function = self.replaced[0]
-        function.__class__ = self._guarded_class(type(function))
-        model.train_function = function
+        # fit holds this one: it runs the tapped graph until remove
+        self.replaced = (fits, dict(vars(fits)), type(fits))
+        vars(fits).update(vars(tapped))
+        fits.__class__ = self._guarded_class(type(fits))
+        model.train_function = fits
 
     def _carry_slots(self, slots: List[Tuple[Any, List[Any]]]) -> None:
         """Standalone Keras' ``get_updates`` makes its optimizer's slots (momenta, ...) anew each time
@@ -150,14 +154,13 @@ class Tap:
         model = self.model_ref()
         if model is not None:
             model.train_function = None  # the tapped one: the next call makes Keras' own again
-        if self.replaced is not None:
-            function, state, cls = self.replaced
-            function.__class__ = cls
-            if state is not None:  # fit's own, back as it was
-                vars(function).clear()
-                vars(function).update(state)
-                if model is not None:
-                    model.train_function = function
+        if self.replaced is not None:  # fit's own, back as it was
+            fits, state, cls = self.replaced
+            fits.__class__ = cls
+            vars(fits).clear()
+            vars(fits).update(state)
+            if model is not None:
+                model.train_function = fits
             self.replaced = None
 
     def stepped(self) -> None:
@@ -198,7 +201,7 @@ class Tap:
         return type(cls.__name__, (cls,), {"__call__": __call__, "compatgrad_tap": self})
 
     def _call(self, function: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        self.pending = True
+        self.pending, self.written_in_call = True, False
         try:
             return function(*args, **kwargs)
         except (StopIteration, tf.errors.OutOfRangeError):  # the data ran out: fit goes on
@@ -221,10 +224,11 @@ class Tap:
     def read(self, weights: List[Any], with_grads: bool) -> Record:
         """What the last logged step wrote; ``with_grads``: the gradients too (if kept)."""
         if self.squares is None:  # no step has run
-            return Record([None] * len(weights), [None] * len(weights), [None] * len(weights))
+            return Record(None, [None] * len(weights), [None] * len(weights), [None] * len(weights))
         grads = [self.grads.get(id(w)) for w in weights] if with_grads and self.keep else []
         values = self._own_values([self.squares] + [g for g in grads if g is not None])
         grad, moved, before = values[0].tolist()  # a few numbers each: faster as Python's
+        step = int(grad[-1]) if grad[-1] >= 0 else None
         arrays = iter(values[1:])
         norms: List[Optional[float]] = []
         ratios: List[Optional[float]] = []
@@ -236,16 +240,17 @@ class Tap:
             norms.append(math.sqrt(grad[column]) if written else None)
             ratios.append(_ratio(moved[column], before[column]) if written and moved[column] >= 0 else None)
             kept.append(array if written else None)
-        return Record(norms, ratios, kept)
+        return Record(step, norms, ratios, kept)
 
-    def sums_so_far(self, weights: List[Any]) -> Tuple[float, List[Optional[np.ndarray]]]:
-        """(The sum of every applied gradient's squared norm, per weight the sum of its gradients)."""
+    def sums_so_far(self, weights: List[Any]) -> Tuple[float, int, List[Optional[np.ndarray]]]:
+        """(The sum of every applied gradient's squared norm, the steps summed, per weight the sum of
+        its gradients)."""
         sums = [self.sums.get(id(w)) for w in weights]
         if self.sum_of_squares is None:
-            return 0.0, [None] * len(weights)
+            return 0.0, 0, [None] * len(weights)
         values = iter(self._own_values([self.sum_of_squares] + [v for v in sums if v is not None]))
-        total = float(next(values))
-        return total, [None if v is None else next(values) for v in sums]
+        total, steps = next(values).tolist()
+        return total, int(steps), [None if v is None else next(values) for v in sums]
 
     def values(self, variables: List[Any]) -> List[Any]:
         if self.graph:
@@ -273,13 +278,13 @@ class Tap:
     def _recorder(self, steps: Steps) -> Callable[[Pairs, bool], Tuple[List[Any], Callable[[Any], Any]]]:
         def record(pairs: Pairs, aggregate: bool) -> Tuple[List[Any], Callable[[Any], Any]]:
             steps.build([v for _, v in pairs])  # as its apply would, before its loss scale is read
-            applied = _dense(steps.applied(pairs, self.clip, aggregate))
-            clears = self._first_in_step()
-            summed = self._accumulate(pairs, applied)
+            applied = steps.applied(pairs, self.clip, aggregate)
+            first = self._first_in_step(pairs)
+            summed = self._accumulate(pairs, applied, first)
             before = self._before(pairs)
 
             def after(result: Any) -> Any:
-                written = self._write(pairs, applied, before, [result], clears)
+                written = self._write(pairs, applied, before, [result], first, steps.optimizer)
                 return tf.group(result, written, *summed) if self.graph else result
 
             return (before or []), after
@@ -308,20 +313,23 @@ class Tap:
             pairs = [(raw[i], params[i]) for i in present]
             before = None if before is None else [before[i] for i in present]
             # Clipped again as get_gradients does (clip=False: not at all), from its raw gradients.
-            clipped = _dense(steps.clip(pairs) if self.clip and steps.clips else [g for g, _ in pairs])
-            written = self._write(pairs, clipped, before, updates, self._first_in_step())
-            return list(updates) + [written] + self._accumulate(pairs, clipped)
+            clipped = steps.clip(pairs) if self.clip and steps.clips else [g for g, _ in pairs]
+            first = self._first_in_step(pairs)
+            written = self._write(pairs, clipped, before, updates, first, optimizer)
+            return list(updates) + [written] + self._accumulate(pairs, clipped, first)
 
         return tapped
 
-    def _accumulate(self, pairs: Pairs, applied: List[Any]) -> List[Any]:
-        """Every step (``accumulate``): the running sums of the gradients and of their squared norms."""
+    def _accumulate(self, pairs: Pairs, applied: List[Any], first: bool) -> List[Any]:
+        """Every step (``accumulate``): the running sums of the gradients, of their squared norms and
+        (``first``: this step's first optimizer) of the steps."""
         if not self.accumulate or not pairs:
             return []
-        grads = [tf.cast(g, tf.float64) for g in applied]
+        grads = [tf.cast(g, tf.float64) for g in _dense(applied)]
         total = 2 * tf.add_n([tf.nn.l2_loss(g) for g in grads])
+        counted = tf.stack([total, tf.constant(1.0 if first else 0.0, tf.float64)])
         return [self._sum(v).assign_add(g) for (_, v), g in zip(pairs, grads)] + [
-            self._sum_of_squares().assign_add(total)
+            self._sum_of_squares().assign_add(counted)
         ]
 
     def _before(self, pairs: Pairs) -> Optional[List[Any]]:
@@ -334,7 +342,9 @@ class Tap:
             return None
         return self._when_logged(
             lambda: [tf.identity(v) for v in variables],
-            lambda: [tf.zeros([0], tf.as_dtype(v.dtype).base_dtype) for v in variables],
+            # zeros of the same shape (XLA wants both branches alike): a fill, not a copy held
+            # across the update, which would make the update copy the weight first
+            lambda: [tf.zeros(v.shape, tf.as_dtype(v.dtype).base_dtype) for v in variables],
         )
 
     def _write(
@@ -343,12 +353,14 @@ class Tap:
         applied: List[Any],
         before: Optional[List[Any]],
         updates: List[Any],
-        clears: bool,
+        first: bool,
+        optimizer: Any,
     ) -> Any:
         """On a step to be logged, after ``updates``: every weight's squared norms into ``squares`` in
         one write (its gradient's, how far the update moved it, its norm before; ``tf.nn.l2_loss``: one
-        op a norm), and the gradients themselves where kept. ``clears``: -1 everywhere first (the
-        step's first write: what no optimizer of this step writes reads as nothing)."""
+        op a norm) with the optimizer's count, and the gradients themselves where kept. ``first`` (the
+        step's first optimizer): -1 everywhere before, so what no optimizer of the step writes reads as
+        nothing."""
         squares = self._squares()
         kept = [(self._kept(v), g) for (_, v), g in zip(pairs, applied)] if self.keep else []
         present = [(i, self.index[id(v)]) for i, (_, v) in enumerate(pairs) if id(v) in self.index]
@@ -356,25 +368,35 @@ class Tap:
             return tf.no_op()
 
         def write() -> Any:
-            halves = [_half_square(applied[i]) for i, _ in present]
+            grads = _dense(applied)  # here: the steps not logged make no embedding's gradient dense
+            halves = [_half_square(grads[i]) for i, _ in present]
             rows = [GRAD] * len(present)
             if before is not None:
                 moved = [tf.identity(pairs[i][1]) - before[i] for i, _ in present]
                 halves += [_half_square(m) for m in moved] + [_half_square(before[i]) for i, _ in present]
                 rows += [MOVED] * len(present) + [BEFORE] * len(present)
             columns = [column for _, column in present] * (len(rows) // len(present))
-            indices = tf.constant([[row, column] for row, column in zip(rows, columns)])
-            cleared = [squares.assign(-tf.ones_like(squares))] if clears else []
+            indices = [[row, column] for row, column in zip(rows, columns)] + [[GRAD, len(self.index)]]
+            count = tf.cast(tf.convert_to_tensor(optimizer.iterations), tf.float64)
+            values = tf.concat([2 * tf.cast(tf.stack(halves), tf.float64), [count]], 0)
+            cleared = [squares.assign(-tf.ones_like(squares))] if first else []
             with tf.control_dependencies(cleared):
-                written = squares.scatter_nd_update(indices, 2 * tf.stack(halves))
+                written = squares.scatter_nd_update(tf.constant(indices), values)
             return tf.group(written, *[variable.assign(tf.cast(g, variable.dtype)) for variable, g in kept])
 
         with tf.control_dependencies(updates if self.graph else []):  # reads how far the update moved
             return self._when_logged(write, tf.no_op)
 
-    def _first_in_step(self) -> bool:
-        """Whether this is the first optimizer call traced in the step being made (the graph it is
-        made in has not been seen)."""
+    def _first_in_step(self, pairs: Pairs) -> bool:
+        """Whether this optimizer call, writing some of the weights, is the first such of the step
+        being made: the first in the graph it is traced in, or, run eagerly (nothing traced), the first
+        since the train function was called."""
+        self._squares()  # the index of the weights
+        if not any(id(v) in self.index for _, v in pairs):
+            return False
+        if tf.executing_eagerly():
+            first, self.written_in_call = not self.written_in_call, True
+            return first
         graph = tf.compat.v1.get_default_graph()
         first = graph not in self.cleared
         self.cleared.add(graph)
@@ -388,18 +410,17 @@ class Tap:
         return tf.compat.v1.cond(tf.identity(self.logging), logged, otherwise, strict=True)
 
     def _make_logging(self) -> None:
+        self.logs_next = True
         if not self.graph:
             with tf.init_scope():
                 self.logging = tf.Variable(True, trainable=False)
-            self.logs_next = True
             return
         with self.backend.get_session().graph.as_default():
             self.logging = tf.Variable(True, trainable=False)
             self.set_logging = {value: self.logging.assign(value) for value in (True, False)}
-        self.logs_next = True
 
     def _squares(self) -> Any:
-        """The (3, weights) array, made when the first step is traced (or built), when the model's
+        """The (3, weights + 1) array, made when the first step is traced (or built), when the model's
         weights exist, outside the step."""
         if self.squares is None:
             model = self.model_ref()
@@ -407,7 +428,7 @@ class Tap:
             weights = list(model.trainable_weights)
             self.index = {id(w): i for i, w in enumerate(weights)}
             with tf.init_scope():
-                self.squares = tf.Variable(-tf.ones([3, len(weights)], tf.float32), trainable=False)
+                self.squares = tf.Variable(-tf.ones([3, len(weights) + 1], tf.float64), trainable=False)
         return self.squares
 
     def _sum(self, variable: Any) -> Any:
@@ -419,7 +440,7 @@ class Tap:
     def _sum_of_squares(self) -> Any:
         if self.sum_of_squares is None:
             with tf.init_scope():
-                self.sum_of_squares = tf.Variable(tf.zeros([], tf.float64), trainable=False)
+                self.sum_of_squares = tf.Variable(tf.zeros([2], tf.float64), trainable=False)
         return self.sum_of_squares
 
     def _kept(self, variable: Any) -> Any:

@@ -120,14 +120,17 @@ def _grads(args: argparse.Namespace) -> int:
     model = files.load_model(args.model, installed_flavours(), args.keras)
     x, y, sample_weight = files.load_data(args.data, model)
     params = report.params_for(model, args.params, args.layers)
+    if args.noise_scale is not None:  # before the slow part
+        report.check_noise_scale(x, args.noise_scale)
     grads = report.gradients(model, x, y, sample_weight, params, args.learning_phase, args.batch_size)
     print(report.table(grads))
     if args.noise_scale is not None:
         norm, trace, count = report.noise_scale(
             model, x, y, sample_weight, args.learning_phase, args.noise_scale
         )
+        ratio = f"{trace / norm:.4g}" if norm > 0 else "undefined (the |G|^2 estimate is not above 0)"
         print(
-            f"gradient noise scale B_simple {trace / norm:.4g} (batches of {args.noise_scale} and "
+            f"gradient noise scale B_simple {ratio} (batches of {args.noise_scale} and "
             f"their mean over {count}: |G|^2 {norm:.4g}, tr(Sigma) {trace:.4g}; unclipped)"
         )
     if args.out:

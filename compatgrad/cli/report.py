@@ -52,15 +52,11 @@ def gradients(
         raise InvalidArgumentError("--batch-size", "a positive number of examples", batch_size)
     total = _examples(x)
     starts = range(0, total, batch_size)
-
-    def rows(value: Any, start: int) -> Any:
-        return _rows(value, start, batch_size)
-
     if all(hasattr(p, "assign") for p in params):  # variables: compatgrad's own dataset path
         batches = (
-            (rows(x, s), rows(y, s), rows(sample_weight, s))
+            (_rows(x, s, batch_size), _rows(y, s, batch_size), _rows(sample_weight, s, batch_size))
             if sample_weight is not None
-            else (rows(x, s), rows(y, s))
+            else (_rows(x, s, batch_size), _rows(y, s, batch_size))
             for s in starts
         )
         return get_gradients(
@@ -73,10 +69,10 @@ def gradients(
     for count, start in enumerate(starts, 1):
         grads = get_gradients(
             model,
-            rows(x, start),
-            rows(y, start),
+            _rows(x, start, batch_size),
+            _rows(y, start, batch_size),
             params,
-            rows(sample_weight, start),
+            _rows(sample_weight, start, batch_size),
             learning_phase,
             as_dict=True,
         )
@@ -101,12 +97,8 @@ def noise_scale(
     shrinks the small batches' more."""
     from ..callbacks import noise_scale_terms
 
-    total = _examples(x)
-    if not 1 <= batch_size <= total // 2:
-        raise InvalidArgumentError(
-            "--noise-scale", f"a batch size from 1 to half the data's {total} examples", batch_size
-        )
-    count = total // batch_size
+    check_noise_scale(x, batch_size)
+    count = _examples(x) // batch_size
     progress = _paths.load(flavour_of(model).root, "progbar").Progbar(count)
     sum_of_squares, sums = 0.0, None
     for index in range(count):
@@ -130,6 +122,15 @@ def noise_scale(
     mean_square = sum(float(np.sum((s / count) ** 2)) for s in sums)
     norm, trace = noise_scale_terms(batch_size, batch_size * count, sum_of_squares / count, mean_square)
     return norm, trace, count
+
+
+def check_noise_scale(x: Any, batch_size: int) -> None:
+    """Two batches of ``batch_size`` or more in the data."""
+    total = _examples(x)
+    if not 1 <= batch_size <= total // 2:
+        raise InvalidArgumentError(
+            "--noise-scale", f"a batch size from 1 to half the data's {total} examples", batch_size
+        )
 
 
 def _examples(x: Any) -> int:

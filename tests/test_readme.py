@@ -87,6 +87,7 @@ def test_per_example_blocks_run_and_score_as_the_step():
     assert np.max(np.abs(norms - alone)) <= 1e-4 * max(1.0, np.max(alone))
 
 
+@kit.RACE_FREE_STEP.needed  # compared with a twin's train_on_batch
 def test_gradient_logger_block_logs_the_steps(rng, tmp_path):
     """The first logged step's global norm is that of train_on_batch's step on the first batch
     (SGD(1.0): w0 - w1), taken on a twin with the same weights."""

@@ -67,15 +67,7 @@ def gradients(
     progress = _paths.load(flavour_of(model).root, "progbar").Progbar(len(starts))
     parts: Dict[str, List[np.ndarray]] = {}
     for count, start in enumerate(starts, 1):
-        grads = get_gradients(
-            model,
-            _rows(x, start, batch_size),
-            _rows(y, start, batch_size),
-            params,
-            _rows(sample_weight, start, batch_size),
-            learning_phase,
-            as_dict=True,
-        )
+        grads = _batch_gradients(model, (x, y, sample_weight), start, batch_size, params, learning_phase)
         scale = min(batch_size, total - start) / float(total)
         for name, g in grads.items():
             parts.setdefault(name, []).append(g * scale)
@@ -103,18 +95,10 @@ def noise_scale(
     sum_of_squares, sums = 0.0, None
     for index in range(count):
         start = index * batch_size
-        grads = [
-            np.asarray(g, np.float64)
-            for g in get_gradients(
-                model,
-                _rows(x, start, batch_size),
-                _rows(y, start, batch_size),
-                None,
-                _rows(sample_weight, start, batch_size),
-                learning_phase,
-                clip=False,
-            )
-        ]
+        batch = _batch_gradients(
+            model, (x, y, sample_weight), start, batch_size, None, learning_phase, clip=False
+        )
+        grads = [np.asarray(g, np.float64) for g in batch.values()]
         sum_of_squares += sum(float(np.sum(g * g)) for g in grads)
         sums = grads if sums is None else [s + g for s, g in zip(sums, grads)]
         progress.update(index + 1)
@@ -122,6 +106,20 @@ def noise_scale(
     mean_square = sum(float(np.sum((s / count) ** 2)) for s in sums)
     norm, trace = noise_scale_terms(batch_size, batch_size * count, sum_of_squares / count, mean_square)
     return norm, trace, count
+
+
+def _batch_gradients(
+    model: Model,
+    data: Tuple[Any, Any, Any],
+    start: int,
+    size: int,
+    params: Optional[List[Any]],
+    learning_phase: int,
+    clip: bool = True,
+) -> Dict[str, np.ndarray]:
+    """``get_gradients`` (as a dict) on rows ``start`` to ``start + size`` of (x, y, sample_weight)."""
+    x, y, sample_weight = (_rows(value, start, size) for value in data)
+    return get_gradients(model, x, y, params, sample_weight, learning_phase, clip=clip, as_dict=True)
 
 
 def check_noise_scale(x: Any, batch_size: int) -> None:

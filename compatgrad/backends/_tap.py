@@ -4,13 +4,15 @@ that Keras does) into variables of its own, then applies as before.
 
 Nothing runs twice: the wrapper sees the gradients the step computed once. The update itself is the
 optimizer's own call on the step's own gradients, so training is bit for bit what it is without a tap.
-Per weight the step writes the squared norms of its gradient, of its update and of the weight before it
-into one (3, weights) array, read in one go after the step; the gradients themselves only if asked for.
+Per weight a logged step writes the squared norms of its gradient, of its update and of the weight
+before it, with the optimizer's count, into one (3, weights + 1) array, read in one go after the step;
+the gradients themselves only if asked for. The steps not logged do none of it (``_when_logged``).
 
 Eager (tf.keras 2.2+, tf_keras, Keras 3): the train function is made again, traced with the wrapper, and
 dropped after ``fit``. Graph mode (TF 1.x, TF 2 graph mode, standalone Keras): ``fit`` has made its
 ``K.function`` before any callback hears of it, and holds it; the tapped function is built next to it and
-takes its place in that same object for the run, which gets its own back after.
+takes its place in that same object for the run, which gets its own back after. Either way the function
+``fit`` calls is guarded: a ``fit`` that raises (no ``on_train_end``) leaves nothing behind.
 """
 
 import math
@@ -176,11 +178,10 @@ class Tap:
         tap = self
 
         def train_function(*args: Any, **kwargs: Any) -> Any:
-            model = tap.model_ref()
-            if tap.pending or not tap.patched or model is None:
+            if tap.pending or not tap.patched:
                 tap.remove()
-                if model is None:
-                    return function(*args, **kwargs)
+                model = tap.model_ref()
+                assert model is not None  # its fit calls this
                 model.make_train_function()
                 return model.train_function(*args, **kwargs)
             return tap._call(function, args, kwargs)

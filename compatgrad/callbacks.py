@@ -79,8 +79,10 @@ class GradientLogger(AnyKerasCallback):
     ``global_clipnorm``); refused where tf.keras clips before the optimizer sees them (TF < 2.4).
     Every Keras ``fit`` runs: eagerly (tf.keras 2.2+, tf_keras, Keras 3 on TensorFlow, custom
     ``train_step`` models included) and in graph mode (TF 1.x, TF 2, standalone Keras; no update ratios
-    for standalone Keras 2.2's RefVariables). Distribution strategies and a ``train_function`` set from
-    outside Keras raise ``compatgrad.errors`` when ``fit`` starts, before anything is changed.
+    for standalone Keras 2.2's RefVariables); under a distribution strategy eagerly (each replica keeps
+    what it applies, the logger reads the first replica's, whose weights ``model.trainable_weights``
+    read). Refused with ``compatgrad.errors`` when ``fit`` starts, before anything is changed: a
+    ``train_function`` set from outside Keras, a strategy in graph mode, the noise scale under a strategy.
 
     ``noise_scale_batch_size`` (the batch size ``fit`` trains with) turns on the gradient noise scale
     estimate (``NoiseScale``), every ``noise_scale_window`` steps, in ``noise.estimate`` and ``history``.
@@ -141,9 +143,17 @@ class GradientLogger(AnyKerasCallback):
         """Called as ``fit`` (or ``evaluate``, ``predict``) starts, before ``fit`` makes its train function:
         the tap goes in here, so that the function is traced with it."""
         # These import TensorFlow, which the model's Keras has imported.
+        from .backends._distribute import strategy_of
         from .backends._tap import Tap
         from .detect import flavour_of
 
+        if self.noise.batch_size is not None and strategy_of(model) is not None:
+            raise InvalidArgumentError(
+                "noise_scale_batch_size",
+                "None for a model built under a distribution strategy (the estimate from its replicas' "
+                "gradients is not built yet)",
+                repr(self.noise.batch_size),
+            )
         self.model = model
         self._training = False  # fit, evaluate or predict starts (fit's validation calls no set_model)
         if self._tap is None or self._tap.model_ref() is not model:

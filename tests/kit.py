@@ -441,6 +441,15 @@ RACE_FREE_STEP = Capability(
     ),
     raises=None,
 )
+MODEL_KNOWS_ITS_STRATEGY = Capability(
+    name="a model's own strategy",
+    missing_in=lambda cell: cell.tf < (2, 2) or cell.flavour == "keras",
+    reason=(
+        "Model.distribute_strategy and its replicated train_step come with TF 2.2 (TF 1.x-2.1 train "
+        "under a strategy through distributed loops of their own); standalone Keras knows no strategy"
+    ),
+    raises=None,
+)
 TF_KERAS_NEXT_TO_KERAS3 = Capability(
     name="tf_keras next to Keras 3",
     missing_in=lambda cell: cell.flavour != "tf_keras",
@@ -464,6 +473,7 @@ CAPABILITIES = [
     UPDATES_READ_IN_THE_STEP,
     LOSS_SCALE_PER_MODEL,
     RACE_FREE_STEP,
+    MODEL_KNOWS_ITS_STRATEGY,
     TF_KERAS_NEXT_TO_KERAS3,
 ]
 

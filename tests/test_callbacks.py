@@ -325,6 +325,60 @@ def test_a_train_function_set_from_outside_is_refused_and_kept(rng):
     assert not {"apply", "apply_gradients", "get_updates"} & set(vars(model.optimizer))
 
 
+class Moved(AnyKerasCallback):
+    """How far each step fit runs moved the weights the model reads (SGD(1.0): what it applied)."""
+
+    def __init__(self):
+        super().__init__()
+        self.deltas = {}
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.before = kit.values(self.model.trainable_weights)
+
+    def on_train_batch_end(self, batch, logs=None):
+        after = kit.values(self.model.trainable_weights)
+        self.deltas[batch + 1] = [before - now for before, now in zip(self.before, after)]
+
+
+@pytest.mark.skipif(kit.GRAPH, reason="distribution strategies: eager training steps only")
+@kit.MODEL_KNOWS_ITS_STRATEGY.needed
+@pytest.mark.parametrize(
+    "clipping",
+    [{}, pytest.param({"clipnorm": 0.3}, id="clipnorm", marks=kit.CLIPPING_UNDER_A_STRATEGY.needed)],
+    ids=["", "clipnorm"],
+)
+def test_under_a_mirrored_strategy_logs_what_the_step_applies(rng, clipping):
+    """Each replica keeps what it applies; the logger reads the first's, whose weights the model reads:
+    the cross-replica gradient, or where Keras 3.0-3.4 sums nothing across replicas, the first's own."""
+    with kit.mirrored().scope():
+        model = classifier(kit.sgd(**clipping))
+    x, y = data(rng)
+    collect, moved = Collect(), Moved()
+    fit(model, x, y, moved, GradientLogger(on_gradients=collect), epochs=1)
+
+    assert sorted(collect.grads) == sorted(moved.deltas) == list(range(1, STEPS + 1))
+    for step, applied in moved.deltas.items():
+        assert kit.parity_difference(collect.grads[step], applied) < TOL, step
+
+
+@kit.MODEL_KNOWS_ITS_STRATEGY.needed
+def test_under_a_strategy_what_is_not_built_is_refused(rng):
+    """Graph mode's replicated steps, and the noise scale (from the replicas' gradients, not built yet)."""
+    strategy = kit.tf.distribute.OneDeviceStrategy("/cpu:0") if kit.GRAPH else kit.mirrored()
+    with strategy.scope():
+        model = classifier(kit.sgd())
+    x, y = data(rng)
+    logger = GradientLogger(noise_scale_batch_size=None if kit.GRAPH else BATCH)
+    error, name = (
+        (errors.UnsupportedModelError, "graph mode")
+        if kit.GRAPH
+        else (errors.InvalidArgumentError, "noise_scale_batch_size")
+    )
+    with pytest.raises(error, match=name):
+        fit(model, x, y, logger)
+    assert not {"apply", "apply_gradients", "get_updates"} & set(vars(model.optimizer))
+
+
 class RaiseAt(AnyKerasCallback):
     """A callback raising after a given batch (as a Ctrl-C between steps does)."""
 

@@ -17,7 +17,7 @@ takes its place in that same object for the run, which gets its own back after. 
 
 import math
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
 
 import numpy as np
 import tensorflow as tf
@@ -66,9 +66,11 @@ class Tap:
         accumulate: bool = False,
         gated: bool = False,
     ):
-        if strategy_of(model) is not None:
+        self.strategy = strategy_of(model)
+        if self.strategy is not None and flavour.graph:
             raise UnsupportedModelError(
-                "model: built under a distribution strategy; GradientLogger does not tap replicated steps yet"
+                "model: built under a distribution strategy in graph mode; GradientLogger taps replicated "
+                "steps in eager mode (TF 2) only"
             )
         self.model_ref = weakref.ref(model)
         self.clip, self.keep, self.accumulate, self.graph = clip, keep, accumulate, flavour.graph
@@ -89,7 +91,8 @@ class Tap:
         self.grads: Dict[int, Any] = {}  # id(weight) -> its last gradient (``keep``)
         self.sums: Dict[int, Any] = {}  # id(weight) -> the sum of its gradients so far (``accumulate``)
         self.sum_of_squares: Any = None  # (``accumulate``) of every gradient's squared norm so far, steps
-        self.cleared: weakref.WeakSet[Any] = weakref.WeakSet()  # the step graphs that clear ``squares``
+        # the step graphs that clear ``squares``, each with the replicas traced into it that do
+        self.cleared: weakref.WeakKeyDictionary[Any, Set[int]] = weakref.WeakKeyDictionary()
         self.logging: Any = None  # (``gated``) whether the next step is to be logged: a bool variable
         self.logs_next: Optional[bool] = None  # its value, as last set
         self.set_logging: Dict[bool, Any] = {}  # graph mode: the ops that set it
@@ -105,7 +108,7 @@ class Tap:
         if self.graph and model.train_function is None:  # Keras' own first: the tapped one goes into it
             model._make_train_function()
         self.squares = None  # made by the first step traced: a model may build its weights there
-        self.cleared = weakref.WeakSet()
+        self.cleared = weakref.WeakKeyDictionary()
         if self.gated and self.logging is None:
             self._make_logging()
         for steps in every:
@@ -263,6 +266,8 @@ class Tap:
         times as much, read after every logged step)."""
         if self.graph:
             return self.values(variables)
+        if self.strategy is not None:  # the first replica's copies
+            variables = [self.strategy.experimental_local_results(v)[0] for v in variables]
         return [tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype).numpy() for v in variables]
 
     # --- The wrappers ----------------------------------------------------------------------------
@@ -380,9 +385,9 @@ class Tap:
             indices = [[row, column] for row, column in zip(rows, columns)] + [[GRAD, len(self.index)]]
             count = tf.cast(tf.convert_to_tensor(optimizer.iterations), tf.float64)
             values = tf.concat([2 * tf.cast(tf.stack(halves), tf.float64), [count]], 0)
-            cleared = [squares.assign(-tf.ones_like(squares))] if first else []
-            with tf.control_dependencies(cleared):
-                written = squares.scatter_nd_update(tf.constant(indices), values)
+            # One write of the whole array (a replica's copy under a strategy has no scatter of its own).
+            base = -tf.ones(squares.shape, tf.float64) if first else tf.convert_to_tensor(squares)
+            written = squares.assign(tf.tensor_scatter_nd_update(base, tf.constant(indices), values))
             return tf.group(written, *[variable.assign(tf.cast(g, variable.dtype)) for variable, g in kept])
 
         with tf.control_dependencies(updates if self.graph else []):  # reads how far the update moved
@@ -398,9 +403,12 @@ class Tap:
         if tf.executing_eagerly():
             first, self.written_in_call = not self.written_in_call, True
             return first
-        graph = tf.compat.v1.get_default_graph()
-        first = graph not in self.cleared
-        self.cleared.add(graph)
+        # Under a strategy each replica's trace writes its own copy: its first call clears it.
+        context = tf.distribute.get_replica_context()
+        replica = 0 if context is None else int(tf.get_static_value(context.replica_id_in_sync_group))
+        traced = self.cleared.setdefault(tf.compat.v1.get_default_graph(), set())
+        first = replica not in traced
+        traced.add(replica)
         return first
 
     def _when_logged(self, logged: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
@@ -428,29 +436,38 @@ class Tap:
             assert model is not None  # it is being traced
             weights = list(model.trainable_weights)
             self.index = {id(w): i for i, w in enumerate(weights)}
-            with tf.init_scope():
-                self.squares = tf.Variable(-tf.ones([3, len(weights) + 1], tf.float64), trainable=False)
+            self.squares = self._variable(lambda: -tf.ones([3, len(weights) + 1], tf.float64))
         return self.squares
 
     def _sum(self, variable: Any) -> Any:
         if id(variable) not in self.sums:
-            with tf.init_scope():
-                self.sums[id(variable)] = tf.Variable(tf.zeros(variable.shape, tf.float64), trainable=False)
+            self.sums[id(variable)] = self._variable(lambda: tf.zeros(variable.shape, tf.float64))
         return self.sums[id(variable)]
 
     def _sum_of_squares(self) -> Any:
         if self.sum_of_squares is None:
-            with tf.init_scope():
-                self.sum_of_squares = tf.Variable(tf.zeros([2], tf.float64), trainable=False)
+            self.sum_of_squares = self._variable(lambda: tf.zeros([2], tf.float64))
         return self.sum_of_squares
 
     def _kept(self, variable: Any) -> Any:
         """The variable a weight's gradient is kept in, made outside the step the first time."""
         if id(variable) not in self.grads:
-            with tf.init_scope():
-                dtype = tf.as_dtype(variable.dtype).base_dtype
-                self.grads[id(variable)] = tf.Variable(tf.zeros(variable.shape, dtype), trainable=False)
+            dtype = tf.as_dtype(variable.dtype).base_dtype
+            self.grads[id(variable)] = self._variable(lambda: tf.zeros(variable.shape, dtype))
         return self.grads[id(variable)]
+
+    def _variable(self, initial: Callable[[], Any]) -> Any:
+        """A variable of the tap's, made outside the step. Under a strategy, a copy a replica (each
+        replica writes its own, in replica context), read from the first. ``initial``: made out there too."""
+        with tf.init_scope():
+            if self.strategy is None:
+                return tf.Variable(initial, trainable=False)
+            return tf.Variable(
+                initial,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
 
 
 def _dense(grads: List[Any]) -> List[Any]:

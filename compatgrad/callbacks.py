@@ -82,7 +82,8 @@ class GradientLogger(AnyKerasCallback):
     for standalone Keras 2.2's RefVariables); under a distribution strategy eagerly (each replica keeps
     what it applies, the logger reads the first replica's, whose weights ``model.trainable_weights``
     read). Refused with ``compatgrad.errors`` when ``fit`` starts, before anything is changed: a
-    ``train_function`` set from outside Keras, a strategy in graph mode, the noise scale under a strategy.
+    ``train_function`` set from outside Keras, a strategy in graph mode, the noise scale under a strategy
+    where the optimizer is handed gradients already summed across replicas.
 
     ``noise_scale_batch_size`` (the batch size ``fit`` trains with) turns on the gradient noise scale
     estimate (``NoiseScale``), every ``noise_scale_window`` steps, in ``noise.estimate`` and ``history``.
@@ -143,17 +144,9 @@ class GradientLogger(AnyKerasCallback):
         """Called as ``fit`` (or ``evaluate``, ``predict``) starts, before ``fit`` makes its train function:
         the tap goes in here, so that the function is traced with it."""
         # These import TensorFlow, which the model's Keras has imported.
-        from .backends._distribute import strategy_of
         from .backends._tap import Tap
         from .detect import flavour_of
 
-        if self.noise.batch_size is not None and strategy_of(model) is not None:
-            raise InvalidArgumentError(
-                "noise_scale_batch_size",
-                "None for a model built under a distribution strategy (the estimate from its replicas' "
-                "gradients is not built yet)",
-                repr(self.noise.batch_size),
-            )
         self.model = model
         self._training = False  # fit, evaluate or predict starts (fit's validation calls no set_model)
         if self._tap is None or self._tap.model_ref() is not model:
@@ -166,6 +159,7 @@ class GradientLogger(AnyKerasCallback):
                 accumulate=self.noise.batch_size is not None,
                 gated=self.every > 1,
             )
+            self.noise.replicas = self._tap.replicas
         if not self._tap.patched:
             self._tap.install()
             if model.built:  # else its first step builds it (on_train_batch_end looks again)
@@ -314,10 +308,14 @@ class NoiseScale:
     each smoothed by an exponential moving average before the ratio is taken. Its bias: the steps of a
     window are taken at successive weights, so their mean is not one batch's gradient; the bias grows
     with how far the weights move within a window (the learning rate). The gradients are what the
-    logger records: unscaled, clipped unless ``clip=False`` (clipping shrinks both terms unevenly)."""
+    logger records: unscaled, clipped unless ``clip=False`` (clipping shrinks both terms unevenly).
+    Under a distribution strategy the small ones are each replica's own gradient at each step
+    (``batch_size / replicas`` examples: fit splits its batch), unscaled and unclipped, and the big one
+    their mean over the replicas and the window (a ratio: how Keras scales a replica's loss cancels)."""
 
     def __init__(self, batch_size: Optional[int], window: int, smoothing: float):
         self.batch_size, self.window, self.smoothing = batch_size, window, smoothing
+        self.replicas = 1  # under a strategy, each replica's own gradient is a small batch
         self.estimate: Optional[float] = None
         self.averages: Optional[List[float]] = None  # of |G|^2 and tr(Sigma)
         self.start: Optional[Tuple[int, float, int, List[Any]]] = None  # (step, the sums so far)
@@ -339,7 +337,8 @@ class NoiseScale:
             for now, before in zip(sums, start[3])
             if now is not None
         )
-        norm, trace = noise_scale_terms(self.batch_size, self.batch_size * count, small, large)
+        small_batch = self.batch_size / self.replicas
+        norm, trace = noise_scale_terms(small_batch, small_batch * count, small, large)
         if self.averages is None:
             self.averages = [norm, trace]
         else:
@@ -350,7 +349,7 @@ class NoiseScale:
 
 
 def noise_scale_terms(
-    small_batch: int, big_batch: int, small_mean_square: float, big_square: float
+    small_batch: float, big_batch: float, small_mean_square: float, big_square: float
 ) -> Tuple[float, float]:
     """Unbiased estimates of |G|^2 and tr(Sigma) (McCandlish et al. 2018, appendix A.1) from the mean
     squared norm of gradients of ``small_batch`` examples and the squared norm of one (or the mean)

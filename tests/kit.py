@@ -450,6 +450,15 @@ MODEL_KNOWS_ITS_STRATEGY = Capability(
     ),
     raises=None,
 )
+NOISE_SCALE_UNDER_A_STRATEGY = Capability(
+    name="the noise scale under a strategy",
+    missing_in=lambda cell: cell.flavour == "tf.keras" and cell.tf < (2, 4),
+    reason=(
+        "TF 2.2-2.3's train step sums the replicas' gradients before apply_gradients: no replica's "
+        "own reaches the optimizer"
+    ),
+    raises=InvalidArgumentError,
+)
 TF_KERAS_NEXT_TO_KERAS3 = Capability(
     name="tf_keras next to Keras 3",
     missing_in=lambda cell: cell.flavour != "tf_keras",
@@ -474,6 +483,7 @@ CAPABILITIES = [
     LOSS_SCALE_PER_MODEL,
     RACE_FREE_STEP,
     MODEL_KNOWS_ITS_STRATEGY,
+    NOISE_SCALE_UNDER_A_STRATEGY,
     TF_KERAS_NEXT_TO_KERAS3,
 ]
 

@@ -1,6 +1,8 @@
-"""One worker of the MultiWorkerMirroredStrategy test: its half of the batch in, its gradients out.
+"""One worker of the MultiWorkerMirroredStrategy tests. ``gradients``: its half of the batch in, its
+gradients out. ``fit``: fit on the whole data with a GradientLogger, out: per step, the gradient it
+logged and how far the step moved the weights.
 
-Run by test_distribute with TF_CONFIG set; argv: the npz with weights and data, this worker's
+Run by test_distribute with TF_CONFIG set; argv: the job, the npz with weights and data, this worker's
 index, then every worker's npz to write, in index order. The strategy is created first, before any
 other TensorFlow call.
 """
@@ -16,6 +18,7 @@ import tensorflow as tf
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
 from compatgrad import get_gradients  # noqa: E402
+from compatgrad.callbacks import AnyKerasCallback, GradientLogger  # noqa: E402
 
 flavour = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
 keras = (
@@ -23,7 +26,7 @@ keras = (
     if flavour == "tf.keras"
     else importlib.import_module("keras" if flavour == "keras3" else flavour)
 )
-inputs_path, index, output_paths = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+job, inputs_path, index, output_paths = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 arrays = np.load(inputs_path)
 with strategy.scope():
     model = keras.Sequential(
@@ -31,12 +34,44 @@ with strategy.scope():
     )
     model.compile(keras.optimizers.SGD(learning_rate=1.0), "mse")
 model.set_weights([arrays[f"w{i}"] for i in range(4)])
-half = len(arrays["x"]) // 2
-rows = slice(index * half, (index + 1) * half)
-grads = get_gradients(
-    model, arrays["x"][rows], arrays["y"][rows], sample_weight=arrays["sample_weight"][rows]
-)
-np.savez(output_paths[index], *grads)
+
+
+class Moved(AnyKerasCallback):
+    """How far each step moved the weights (SGD(1.0): the gradient it applied)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.before = [w.numpy() for w in self.model.trainable_weights]
+
+    def on_train_batch_end(self, batch, logs=None):
+        after = [w.numpy() for w in self.model.trainable_weights]
+        results[f"moved{batch + 1}"] = [b - a for b, a in zip(self.before, after)]
+
+
+results = {}
+if job == "gradients":
+    half = len(arrays["x"]) // 2
+    rows = slice(index * half, (index + 1) * half)
+    grads = get_gradients(
+        model, arrays["x"][rows], arrays["y"][rows], sample_weight=arrays["sample_weight"][rows]
+    )
+    np.savez(output_paths[index], *grads)
+else:
+
+    def logged(step, grads):
+        results[f"logged{step}"] = grads
+
+    model.fit(
+        arrays["x"],
+        arrays["y"],
+        batch_size=8,
+        shuffle=False,
+        verbose=0,
+        callbacks=[Moved(), GradientLogger(on_gradients=logged)],
+    )
+    np.savez(
+        output_paths[index],
+        **{f"{key}_{i}": array for key, values in results.items() for i, array in enumerate(values)},
+    )
 # A worker that leaves while another still reads its last collective's data aborts that one
 # ("Socket closed", seen on TF 2.7): wait until every worker has its result.
 deadline = time.time() + 120

@@ -361,21 +361,14 @@ def test_under_a_mirrored_strategy_logs_what_the_step_applies(rng, clipping):
         assert kit.parity_difference(collect.grads[step], applied) < TOL, step
 
 
+@pytest.mark.skipif(not kit.GRAPH, reason="graph mode's replicated steps")
 @kit.MODEL_KNOWS_ITS_STRATEGY.needed
-def test_under_a_strategy_what_is_not_built_is_refused(rng):
-    """Graph mode's replicated steps, and the noise scale (from the replicas' gradients, not built yet)."""
-    strategy = kit.tf.distribute.OneDeviceStrategy("/cpu:0") if kit.GRAPH else kit.mirrored()
-    with strategy.scope():
+def test_a_strategy_in_graph_mode_is_refused(rng):
+    with kit.tf.distribute.OneDeviceStrategy("/cpu:0").scope():
         model = classifier(kit.sgd())
     x, y = data(rng)
-    logger = GradientLogger(noise_scale_batch_size=None if kit.GRAPH else BATCH)
-    error, name = (
-        (errors.UnsupportedModelError, "graph mode")
-        if kit.GRAPH
-        else (errors.InvalidArgumentError, "noise_scale_batch_size")
-    )
-    with pytest.raises(error, match=name):
-        fit(model, x, y, logger)
+    with pytest.raises(errors.UnsupportedModelError, match="graph mode"):
+        fit(model, x, y, GradientLogger())
     assert not {"apply", "apply_gradients", "get_updates"} & set(vars(model.optimizer))
 
 
@@ -437,16 +430,41 @@ def test_bad_arguments_name_themselves(arguments, name):
         GradientLogger(**arguments)
 
 
-def test_noise_scale_recovers_b_simple_on_a_known_problem(rng):
-    """A linear model held at w = 0 (a learning rate of 1e-7): each example's gradient of (x.w - y)^2 is
-    -2 y x there, so |G|^2 and tr(Sigma) over the data are a closed form, and B_simple their ratio."""
-    features, examples, batch_size = 8, 4096, 16
-    x = rng.randn(examples, features).astype("float32")
-    y = (x @ (0.3 * rng.randn(features)) + rng.randn(examples)).astype("float32")[:, None]
+def linear_model(features):
     model = keras.Sequential(
         [layers.Dense(1, use_bias=False, kernel_initializer="zeros", input_shape=(features,))]
     )
     model.compile(kit.sgd(learning_rate=1e-7), "mse")
+    return model
+
+
+@pytest.mark.parametrize(
+    "replicas",
+    [
+        pytest.param(1, id="one device"),
+        pytest.param(
+            2,
+            id="mirrored",
+            marks=[
+                pytest.mark.skipif(kit.GRAPH, reason="distribution strategies: eager training steps only"),
+                kit.MODEL_KNOWS_ITS_STRATEGY.needed,
+                kit.NOISE_SCALE_UNDER_A_STRATEGY.needed,
+            ],
+        ),
+    ],
+)
+def test_noise_scale_recovers_b_simple_on_a_known_problem(rng, replicas):
+    """A linear model held at w = 0 (a learning rate of 1e-7): each example's gradient of (x.w - y)^2 is
+    -2 y x there, so |G|^2 and tr(Sigma) over the data are a closed form, and B_simple their ratio.
+    Mirrored: each replica's own gradient of 16 examples is a small batch (fit splits 32 in two)."""
+    features, examples, batch_size = 8, 4096, 16 * replicas
+    x = rng.randn(examples, features).astype("float32")
+    y = (x @ (0.3 * rng.randn(features)) + rng.randn(examples)).astype("float32")[:, None]
+    if replicas == 1:
+        model = linear_model(features)
+    else:
+        with kit.mirrored().scope():
+            model = linear_model(features)
     per_example = -2.0 * y.astype(np.float64) * x
     mean = per_example.mean(axis=0)
     expected = per_example.var(axis=0).sum() / (mean @ mean)

@@ -244,18 +244,13 @@ def free_ports(count):
     return ports
 
 
-@pytest.mark.skipif(
-    not hasattr(kit.tf.distribute, "MultiWorkerMirroredStrategy"),
-    reason="MultiWorkerMirroredStrategy is experimental before TF 2.4",
-)
-def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
-    x, y, weights = data(rng)
-    single = model_on()
-    arrays = {"x": x, "y": y, "sample_weight": weights}
-    arrays.update((f"w{i}", w) for i, w in enumerate(single.get_weights()))
+def run_workers(job, tmp_path, arrays):
+    """Two MultiWorkerMirroredStrategy workers on loopback running ``job`` (tests/mwms_worker.py) on
+    ``arrays``; what each wrote."""
     np.savez(str(tmp_path / "inputs.npz"), **arrays)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mwms_worker.py")
+    results = [str(tmp_path / f"results{i}.npz") for i in range(2)]
     processes = []
     for index in range(2):
         env = dict(
@@ -264,8 +259,7 @@ def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
         env["PYTHONPATH"] = os.pathsep.join(
             [os.path.dirname(os.path.dirname(worker)), env.get("PYTHONPATH", "")]
         )
-        results = [str(tmp_path / f"grads{i}.npz") for i in range(2)]
-        command = [sys.executable, worker, str(tmp_path / "inputs.npz"), str(index)] + results
+        command = [sys.executable, worker, job, str(tmp_path / "inputs.npz"), str(index)] + results
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     try:
         outputs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in processes]
@@ -273,6 +267,22 @@ def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
         for p in processes:
             p.kill()
     assert all(p.returncode == 0 for p in processes), "\n".join(o[-3000:] for o in outputs)
+    return [np.load(path) for path in results]
+
+
+MULTI_WORKER = pytest.mark.skipif(
+    not hasattr(kit.tf.distribute, "MultiWorkerMirroredStrategy"),
+    reason="MultiWorkerMirroredStrategy is experimental before TF 2.4",
+)
+
+
+@MULTI_WORKER
+def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
+    x, y, weights = data(rng)
+    single = model_on()
+    arrays = {"x": x, "y": y, "sample_weight": weights}
+    arrays.update((f"w{i}", w) for i, w in enumerate(single.get_weights()))
+    results = run_workers("gradients", tmp_path, arrays)
     if replicas_combine() == "mean":
         expected = [kit.train_step_delta(single, x, y, sample_weight=weights)] * 2
     else:  # each worker's own half, or the sum of both halves' gradients
@@ -283,5 +293,21 @@ def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
             halves.append(kit.train_step_delta(half, x[rows], y[rows], sample_weight=weights[rows]))
         expected = halves if replicas_combine() == "own" else [[a + b for a, b in zip(*halves)]] * 2
     for index in range(2):
-        grads = np.load(str(tmp_path / f"grads{index}.npz"))
-        assert kit.parity_difference([grads[f"arr_{i}"] for i in range(4)], expected[index]) <= TOL
+        grads = [results[index][f"arr_{i}"] for i in range(4)]
+        assert kit.parity_difference(grads, expected[index]) <= TOL
+
+
+@MULTI_WORKER
+@pytest.mark.skipif(kit.GRAPH, reason="GradientLogger taps replicated steps eagerly")
+def test_gradient_logger_multi_worker_mirrored_on_loopback(rng, tmp_path):
+    """Each worker logs what its step applied: how far its weights moved (SGD(1.0))."""
+    x, y, _ = data(rng)
+    arrays = {"x": x, "y": y, "sample_weight": np.ones(len(x), "float32")}
+    arrays.update((f"w{i}", w) for i, w in enumerate(model_on().get_weights()))
+    for result in run_workers("fit", tmp_path, arrays):
+        firsts = [key for key in result.files if key.startswith("logged") and key.endswith("_0")]
+        steps = sorted(int(key[len("logged") : -len("_0")]) for key in firsts)
+        assert steps == list(range(1, len(x) // 8 + 1))
+        for step in steps:
+            logged = [result[f"logged{step}_{i}"] for i in range(4)]
+            assert kit.parity_difference(logged, [result[f"moved{step}_{i}"] for i in range(4)]) <= TOL

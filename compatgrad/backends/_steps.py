@@ -25,6 +25,9 @@ class Steps:
     optimizer: Any
     inner: Any  # the optimizer that aggregates and clips (inside a LossScaleOptimizer)
     clips: bool  # whether the optimizer clips at all
+    # whether Keras' own train step hands the apply method each replica's own gradients under a strategy
+    # (the method sums them, or none does), not gradients already summed
+    sums_in_apply: bool
 
     def __init__(self, optimizer: Any):
         self.optimizer = optimizer
@@ -167,6 +170,10 @@ class Keras2Steps(Steps):
         self.clips_in_apply = versions.has_transform_gradients(
             self.inner
         ) or versions.has_aggregate_gradients(self.inner)
+        # TF 2.2-2.3's train step sums across replicas itself, then calls apply_gradients.
+        self.sums_in_apply = versions.has_transform_unaggregated_gradients(
+            self.inner
+        ) or versions.has_aggregate_gradients(self.inner)
 
     def scale(self, loss: Tensor) -> Any:
         return self.optimizer.get_scaled_loss(loss) if self.scales else loss
@@ -247,6 +254,7 @@ def _standalone_keras_clip(optimizer: Any, grads: List[Any]) -> List[Any]:
 class Keras3Steps(Steps):
     apply_method = "apply"  # apply_gradients calls it
     clips_in_apply = True
+    sums_in_apply = True
 
     def __init__(self, optimizer: Any):
         super().__init__(optimizer)

@@ -67,16 +67,30 @@ class Tap:
         gated: bool = False,
     ):
         self.strategy = strategy_of(model)
+        self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
         if self.strategy is not None and flavour.graph:
             raise UnsupportedModelError(
                 "model: built under a distribution strategy in graph mode; GradientLogger taps replicated "
                 "steps in eager mode (TF 2) only"
             )
+        if (
+            self.strategy is not None
+            and accumulate
+            and (flavour.custom_step or not self.steps_class(model.optimizer).sums_in_apply)
+        ):
+            raise InvalidArgumentError(
+                "noise_scale_batch_size",
+                "None for this model under a distribution strategy: its optimizer is handed gradients "
+                "already summed across replicas (TF 2.2-2.3's train step, or a custom train_step may), "
+                "and the noise scale there is estimated from each replica's own",
+                "a batch size",
+            )
+        # Each replica's step is a batch of 1 / replicas of the one fit trains on.
+        self.replicas = 1 if self.strategy is None else self.strategy.num_replicas_in_sync
         self.model_ref = weakref.ref(model)
         self.clip, self.keep, self.accumulate, self.graph = clip, keep, accumulate, flavour.graph
         self.gated = gated
         self.backend = _paths.load(flavour.root, "backend")
-        self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
         self.patched: List[Tuple[Any, str]] = []  # (optimizer, the method wrapped)
         # graph mode: (the K.function fit calls, its own state and class)
         self.replaced: Optional[Tuple[Any, Dict[str, Any], type]] = None
@@ -248,11 +262,13 @@ class Tap:
 
     def sums_so_far(self, weights: List[Any]) -> Tuple[float, int, List[Optional[np.ndarray]]]:
         """(The sum of every applied gradient's squared norm, the steps summed, per weight the sum of
-        its gradients)."""
+        its gradients); under a strategy, each replica's own gradients, over every replica (a step
+        counts once a replica)."""
         sums = [self.sums.get(id(w)) for w in weights]
         if self.sum_of_squares is None:
             return 0.0, 0, [None] * len(weights)
-        values = iter(self._own_values([self.sum_of_squares] + [v for v in sums if v is not None]))
+        variables = [self.sum_of_squares] + [v for v in sums if v is not None]
+        values = iter(self._own_values(variables, every_replica=True))
         total, steps = next(values).tolist()
         return total, int(steps), [None if v is None else next(values) for v in sums]
 
@@ -261,14 +277,20 @@ class Tap:
             return list(self.backend.get_session().run(variables))
         return [np.asarray(v.numpy()) for v in variables]
 
-    def _own_values(self, variables: List[Any]) -> List[Any]:
+    def _own_values(self, variables: List[Any], every_replica: bool = False) -> List[Any]:
         """The values of the tap's own ``tf.Variable``s: eagerly, one op each (``numpy()`` costs three
-        times as much, read after every logged step)."""
+        times as much, read after every logged step). Under a strategy the first replica's copies, or
+        with ``every_replica`` the sum of this worker's replicas' copies."""
         if self.graph:
             return self.values(variables)
-        if self.strategy is not None:  # the first replica's copies
-            variables = [self.strategy.experimental_local_results(v)[0] for v in variables]
-        return [tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype).numpy() for v in variables]
+
+        def read(variable: Any) -> Any:
+            return tf.raw_ops.ReadVariableOp(resource=variable.handle, dtype=variable.dtype).numpy()
+
+        if self.strategy is None:
+            return [read(v) for v in variables]
+        copies = [self.strategy.experimental_local_results(v) for v in variables]
+        return [sum(read(c) for c in replicas) if every_replica else read(replicas[0]) for replicas in copies]
 
     # --- The wrappers ----------------------------------------------------------------------------
 
@@ -286,7 +308,9 @@ class Tap:
             steps.build([v for _, v in pairs])  # as its apply would, before its loss scale is read
             applied = steps.applied(pairs, self.clip, aggregate)
             first = self._first_in_step(pairs)
-            summed = self._accumulate(pairs, applied, first)
+            # Under a strategy the noise scale takes each replica's own (unscaled, unclipped) gradient.
+            own = steps.unscale_in_apply([g for g, _ in pairs]) if self.strategy is not None else applied
+            summed = self._accumulate(pairs, own, first)
             before = self._before(pairs)
 
             def after(result: Any) -> Any:

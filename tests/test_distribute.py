@@ -298,7 +298,7 @@ def test_multi_worker_mirrored_on_loopback(rng, tmp_path):
 
 
 @MULTI_WORKER
-@pytest.mark.skipif(kit.GRAPH, reason="GradientLogger taps replicated steps eagerly")
+@kit.FIT_UNDER_MULTI_WORKER_MIRRORED.needed
 def test_gradient_logger_multi_worker_mirrored_on_loopback(rng, tmp_path):
     """Each worker logs what its step applied: how far its weights moved (SGD(1.0))."""
     x, y, _ = data(rng)

@@ -350,8 +350,20 @@ class Moved(AnyKerasCallback):
 def test_under_a_mirrored_strategy_logs_what_the_step_applies(rng, clipping):
     """Each replica keeps what it applies; the logger reads the first's, whose weights the model reads:
     the cross-replica gradient, or where Keras 3.0-3.4 sums nothing across replicas, the first's own."""
-    with kit.mirrored().scope():
-        model = classifier(kit.sgd(**clipping))
+    assert_logs_the_mirrored_steps(rng, lambda: kit.sgd(**clipping))
+
+
+@pytest.mark.skipif(kit.GRAPH, reason="distribution strategies: eager training steps only")
+@kit.MODEL_KNOWS_ITS_STRATEGY.needed
+@kit.MIXED_PRECISION.needed
+def test_under_a_mirrored_strategy_with_loss_scaling(rng, mixed_float16):
+    """The loss scale compile wraps the optimizer in under mixed_float16: what each step applies, unscaled."""
+    assert_logs_the_mirrored_steps(rng, kit.sgd)
+
+
+def assert_logs_the_mirrored_steps(rng, make_optimizer):
+    with kit.mirrored().scope():  # the optimizer too: some Keras take the strategy as they are made
+        model = classifier(make_optimizer())
     x, y = data(rng)
     collect, moved = Collect(), Moved()
     fit(model, x, y, moved, GradientLogger(on_gradients=collect), epochs=1)

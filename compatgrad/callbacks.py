@@ -187,7 +187,10 @@ class GradientLogger(AnyKerasCallback):
             self._writer = _writer(self.log_dir, self._tap.graph)
         # Steps are counted here, from the optimizer's count as fit starts (and as each logged step
         # wrote it): nothing is read on the steps in between.
-        self._steps = self._epoch_start = int(self._tap.values([self.model.optimizer.iterations])[0])
+        # The count of the optimizer that applies: Keras 3.3-3.6's LossScaleOptimizer has one of its
+        # own that no step moves.
+        counter = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        self._steps = self._epoch_start = int(self._tap.values([counter.iterations])[0])
         self._stride = 1  # the most steps a call of the train function ran (steps_per_execution)
         self._tap.log_next(True)  # the first call, whatever its stride
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from compatgrad.errors import InvalidArgumentError
+from compatgrad.errors import InvalidArgumentError, UnsupportedModelError
 
 FLAVOUR = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
 TF1 = not hasattr(tf, "function") or tf.__version__.startswith("1.")
@@ -459,6 +459,15 @@ NOISE_SCALE_UNDER_A_STRATEGY = Capability(
     ),
     raises=InvalidArgumentError,
 )
+LOSS_SCALE_LOGGED_UNDER_A_STRATEGY = Capability(
+    name="a loss scale logged under a strategy",
+    missing_in=lambda cell: cell.flavour == "keras3",
+    reason=(
+        "Keras 3's LossScaleOptimizer under MirroredStrategy: the tapped step applied NaN updates "
+        "where Keras' own did not (3.15; seen, not yet understood): GradientLogger refuses it"
+    ),
+    raises=UnsupportedModelError,
+)
 FIT_UNDER_MULTI_WORKER_MIRRORED = Capability(
     name="fit under MultiWorkerMirroredStrategy",
     missing_in=lambda cell: cell.flavour == "keras3",
@@ -494,6 +503,7 @@ CAPABILITIES = [
     MODEL_KNOWS_ITS_STRATEGY,
     NOISE_SCALE_UNDER_A_STRATEGY,
     FIT_UNDER_MULTI_WORKER_MIRRORED,
+    LOSS_SCALE_LOGGED_UNDER_A_STRATEGY,
     TF_KERAS_NEXT_TO_KERAS3,
 ]
 

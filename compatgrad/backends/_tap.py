@@ -73,6 +73,13 @@ class Tap:
                 "model: built under a distribution strategy in graph mode; GradientLogger taps replicated "
                 "steps in eager mode (TF 2) only"
             )
+        scales_loss = flavour.name == "keras3" and hasattr(model.optimizer, "inner_optimizer")
+        if self.strategy is not None and scales_loss:
+            raise UnsupportedModelError(
+                "model.optimizer: a Keras 3 LossScaleOptimizer under a distribution strategy, where "
+                "GradientLogger's tapped step has been seen to apply non-finite updates that Keras' own "
+                "does not; log on one device, or without mixed_float16"
+            )
         if (
             self.strategy is not None
             and accumulate
@@ -314,7 +321,7 @@ class Tap:
             before = self._before(pairs)
 
             def after(result: Any) -> Any:
-                written = self._write(pairs, applied, before, [result], first, steps.optimizer)
+                written = self._write(pairs, applied, before, [result], first, steps.inner)
                 return tf.group(result, written, *summed) if self.graph else result
 
             return (before or []), after
@@ -345,7 +352,7 @@ class Tap:
             # Clipped again as get_gradients does (clip=False: not at all), from its raw gradients.
             clipped = steps.clip(pairs) if self.clip and steps.clips else [g for g, _ in pairs]
             first = self._first_in_step(pairs)
-            written = self._write(pairs, clipped, before, updates, first, optimizer)
+            written = self._write(pairs, clipped, before, updates, first, steps.inner)
             return list(updates) + [written] + self._accumulate(pairs, clipped, first)
 
         return tapped
@@ -384,11 +391,12 @@ class Tap:
         before: Optional[List[Any]],
         updates: List[Any],
         first: bool,
-        optimizer: Any,
+        counter: Any,
     ) -> Any:
         """On a step to be logged, after ``updates``: every weight's squared norms into ``squares`` in
         one write (its gradient's, how far the update moved it, its norm before; ``tf.nn.l2_loss``: one
-        op a norm) with the optimizer's count, and the gradients themselves where kept. ``first`` (the
+        op a norm) with ``counter``'s count (the optimizer that applies, inside a loss-scale one), and
+        the gradients themselves where kept. ``first`` (the
         step's first optimizer): -1 everywhere before, so what no optimizer of the step writes reads as
         nothing."""
         squares = self._squares()
@@ -407,7 +415,7 @@ class Tap:
                 rows += [MOVED] * len(present) + [BEFORE] * len(present)
             columns = [column for _, column in present] * (len(rows) // len(present))
             indices = [[row, column] for row, column in zip(rows, columns)] + [[GRAD, len(self.index)]]
-            count = tf.cast(tf.convert_to_tensor(optimizer.iterations), tf.float64)
+            count = tf.cast(tf.convert_to_tensor(counter.iterations), tf.float64)
             values = tf.concat([2 * tf.cast(tf.stack(halves), tf.float64), [count]], 0)
             # One write of the whole array (a replica's copy under a strategy has no scatter of its own).
             base = -tf.ones(squares.shape, tf.float64) if first else tf.convert_to_tensor(squares)

@@ -136,7 +136,7 @@ class GradientLogger(AnyKerasCallback):
         self._layers: Dict[int, str] = {}
         self._alerted: set = set()
         self._steps = self._epoch_start = self._stride = 0  # counted as fit trains
-        self._logged: Optional[int] = None  # the step of the last entry
+        self._logged: Optional[int] = None  # the step of the last entry, or the count fit started at
 
     # --- Keras' hooks ---------------------------------------------------------------------------------
 
@@ -191,6 +191,8 @@ class GradientLogger(AnyKerasCallback):
         # own that no step moves.
         counter = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
         self._steps = self._epoch_start = int(self._tap.values([counter.iterations])[0])
+        # A count that has not moved since is no step: one a loss scale skipped (its gradients overflow).
+        self._logged = self._steps
         self._stride = 1  # the most steps a call of the train function ran (steps_per_execution)
         self._tap.log_next(True)  # the first call, whatever its stride
 

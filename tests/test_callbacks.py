@@ -350,21 +350,34 @@ class Moved(AnyKerasCallback):
 def test_under_a_mirrored_strategy_logs_what_the_step_applies(rng, clipping):
     """Each replica keeps what it applies; the logger reads the first's, whose weights the model reads:
     the cross-replica gradient, or where Keras 3.0-3.4 sums nothing across replicas, the first's own."""
-    assert_logs_the_mirrored_steps(rng, lambda: kit.sgd(**clipping))
+    assert_logs_the_steps(rng, lambda: kit.sgd(**clipping))
 
 
-@pytest.mark.skipif(kit.GRAPH, reason="distribution strategies: eager training steps only")
-@kit.MODEL_KNOWS_ITS_STRATEGY.needed
 @kit.MIXED_PRECISION.needed
-@kit.LOSS_SCALE_LOGGED_UNDER_A_STRATEGY.needed
-def test_under_a_mirrored_strategy_with_loss_scaling(rng, mixed_float16):
+@pytest.mark.parametrize(
+    "mirrored",
+    [
+        pytest.param(False, id="one device"),
+        pytest.param(
+            True,
+            id="mirrored",
+            marks=[
+                pytest.mark.skipif(kit.GRAPH, reason="distribution strategies: eager training steps only"),
+                kit.MODEL_KNOWS_ITS_STRATEGY.needed,
+                kit.LOSS_SCALE_LOGGED_UNDER_A_STRATEGY.needed,
+            ],
+        ),
+    ],
+)
+def test_with_loss_scaling(rng, mixed_float16, mirrored):
     """The loss scale compile wraps the optimizer in under mixed_float16: what each step applies, unscaled."""
-    assert_logs_the_mirrored_steps(rng, kit.sgd)
+    assert_logs_the_steps(rng, kit.sgd, mirrored)
 
 
-def assert_logs_the_mirrored_steps(rng, make_optimizer):
+def assert_logs_the_steps(rng, make_optimizer, mirrored=True):
     """What each step applied is logged, and the weights train as a twin's without the logger."""
-    with kit.mirrored().scope():  # the optimizer too: some Keras take the strategy as they are made
+    strategy = kit.mirrored() if mirrored else kit.tf.distribute.get_strategy()
+    with strategy.scope():  # the optimizer too: some Keras take the strategy as they are made
         model, twin = twins(make_optimizer)
     x, y = data(rng)
     collect, moved = Collect(), Moved()

@@ -83,7 +83,8 @@ class GradientLogger(AnyKerasCallback):
     what it applies, the logger reads the first replica's, whose weights ``model.trainable_weights``
     read). Refused with ``compatgrad.errors`` when ``fit`` starts, before anything is changed: a
     ``train_function`` set from outside Keras, a strategy in graph mode, the noise scale under a strategy
-    where the optimizer is handed gradients already summed across replicas.
+    where the optimizer is handed gradients already summed across replicas, Keras 3's
+    ``LossScaleOptimizer`` under a strategy.
 
     ``noise_scale_batch_size`` (the batch size ``fit`` trains with) turns on the gradient noise scale
     estimate (``NoiseScale``), every ``noise_scale_window`` steps, in ``noise.estimate`` and ``history``.

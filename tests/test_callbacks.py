@@ -21,7 +21,10 @@ BATCH, STEPS = 8, 5  # steps per epoch
 def classifier(optimizer):
     inputs = layers.Input(shape=(4,))
     hidden = layers.Dense(6, activation="tanh", name="hidden")(inputs)
-    model = keras.Model(inputs, layers.Dense(3, activation="softmax", name="head")(hidden))
+    # float32 outputs under mixed_float16, as its guide has it (TF 2.0's graph-mode loss scale cannot
+    # multiply a float16 loss by its float32 scale)
+    head = layers.Dense(3, activation="softmax", name="head", dtype="float32")
+    model = keras.Model(inputs, head(hidden))
     model.compile(optimizer, "sparse_categorical_crossentropy")
     return model
 

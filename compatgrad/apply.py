@@ -9,6 +9,7 @@ from ._cache import cached
 from ._types import Variable
 from .arguments import name_of
 from .arrays import SparseGradient, numpy_dtype, static_shape
+from .backends import require_tensorflow
 from .errors import InvalidArgumentError, InvalidTypeError
 from .masks import _sequence, mask_gradients
 
@@ -46,6 +47,7 @@ def apply_gradients(
     if masks is not None:
         checked = mask_gradients(checked, masks)
 
+    require_tensorflow(type(optimizer).__module__, "apply_gradients", "optimizer")
     import tensorflow as tf
 
     if not tf.executing_eagerly():
@@ -53,12 +55,12 @@ def apply_gradients(
             optimizer, [g.dense() if isinstance(g, SparseGradient) else g for g in checked], variables
         )
     elif versions.has_keras3_apply(optimizer):
-        from .backends._steps import Keras3Steps
+        from .backends import _keras3_optimizer
 
         if not optimizer.built:
             optimizer.build(variables)
         tensors = [_tensor(tf, g, v) for g, v in zip(checked, variables)]
-        for scale in Keras3Steps(optimizer).loss_scales():
+        for scale in _keras3_optimizer.loss_scales(optimizer):
             tensors = [g * tf.cast(scale, g.dtype) for g in tensors]
         optimizer.apply(tensors, variables)
     else:

@@ -150,9 +150,12 @@ class GradientLogger(AnyKerasCallback):
     def set_model(self, model: Any) -> None:
         """Called as ``fit`` (or ``evaluate``, ``predict``) starts, before ``fit`` makes its train function:
         the tap goes in here, so that the function is traced with it."""
-        # These import TensorFlow, which the model's Keras has imported.
-        from .backends._tap import Tap
+        from .backends import require_tensorflow
         from .detect import flavour_of
+
+        flavour = flavour_of(model)
+        require_tensorflow(flavour.root, "GradientLogger")
+        from .backends._tap import Tap  # imports TensorFlow, which the model's Keras has imported
 
         self.model = model
         self._training = False  # fit, evaluate or predict starts (fit's validation calls no set_model)
@@ -160,7 +163,7 @@ class GradientLogger(AnyKerasCallback):
             keep = self.on_gradients is not None or self.histograms_every is not None
             self._tap = Tap(
                 model,
-                flavour_of(model),
+                flavour,
                 self.clip,
                 keep,
                 accumulate=self.noise.batch_size is not None,

@@ -77,7 +77,9 @@ def _keras2_flavour(model_cls: type, root: str, v1: bool) -> Flavour:
 
 def _overrides_train_step(model_cls: type, root: str) -> bool:
     """Whether the ``train_step`` the class runs is defined outside the Keras package it comes from."""
-    owner = next(cls for cls in model_cls.__mro__ if "train_step" in vars(cls))
+    owner = next((cls for cls in model_cls.__mro__ if "train_step" in vars(cls)), None)
+    if owner is None:  # Keras 3's numpy backend trains nothing: its trainer has no step
+        return False
     return not (owner.__module__ or "").startswith(root + ".")
 
 
@@ -92,15 +94,21 @@ def keras3_backend(root: str) -> Optional[str]:
 def installed_flavours() -> Dict[str, Any]:
     """The Keras flavours importable here: the name ``flavour_of`` gives their models -> their Keras module.
 
-    It imports TensorFlow and every Keras it finds, so only the command line calls it: the library tells
-    a model's flavour from its class and never imports a framework itself.
+    It imports TensorFlow (where it is installed: Keras 3 on JAX needs none) and every Keras it finds,
+    so only the command line calls it: the library tells a model's flavour from its class and never
+    imports a framework itself.
     """
     import importlib
 
-    import tensorflow as tf
+    try:
+        import tensorflow as tf
+    except ImportError:
+        tf = None
 
     found: Dict[str, Any] = {}
     for name in ("tf.keras", "tf_keras", "keras"):
+        if tf is None and name != "keras":
+            continue
         try:
             keras = tf.keras if name == "tf.keras" else importlib.import_module(name)
             model_cls = keras.Model

@@ -19,7 +19,7 @@ from . import _paths, arguments, data, sources
 from ._types import Model
 from .api import as_output, handle_unconnected, zeros_shape
 from .arrays import SparseGradient, numpy_dtype
-from .backends import Request, engine_for
+from .backends import Request, engine_for, require_tensorflow
 from .detect import Flavour, flavour_of
 from .errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
 
@@ -82,6 +82,7 @@ def per_example_gradients(
     (BatchNormalization, Dropout, ...). ``return_info=True`` adds a ``PerExampleInfo``.
     """
     flavour = flavour_of(model)
+    require_tensorflow(flavour.root, "per_example_gradients")
     arguments.check_compiled(model, flavour.custom_step, losses_listed=flavour.name != "keras3")
     training = arguments.check_learning_phase(learning_phase)
     unconnected = arguments.check_unconnected(unconnected)
@@ -308,7 +309,7 @@ def _check_chunk_size(chunk_size: Any) -> None:
 def _check_model(model: Model, flavour: Flavour, training: bool) -> None:
     """Refuse what per-example gradients cannot be taken of, before anything runs."""
     from .backends._distribute import strategy_of
-    from .backends._state import all_layers, layer_states
+    from .backends._layers import all_layers, layer_states
 
     if flavour.custom_step:
         raise UnsupportedModelError(

@@ -114,7 +114,7 @@ def _graph_tensors(model: Model) -> Dict[int, GraphTensor]:
     ):  # inputs first
         for node in nodes:
             layer = versions.node_layer(node)
-            outputs = _flatten(node.output_tensors)
+            outputs = flatten(node.output_tensors)
             for i, tensor in enumerate(outputs):
                 name = "{}/output{}".format(layer.name, f"_{i}" if len(outputs) > 1 else "")
                 found.setdefault(id(tensor), GraphTensor(tensor, name, layer))
@@ -165,9 +165,10 @@ def _describe_layer(ref: Any) -> str:
     )
 
 
-def _flatten(value: Any) -> List[Any]:
+def flatten(value: Any) -> List[Any]:
+    """The leaves of nested lists and tuples."""
     if isinstance(value, (list, tuple)):
-        return [leaf for item in value for leaf in _flatten(item)]
+        return [leaf for item in value for leaf in flatten(item)]
     return [value]
 
 

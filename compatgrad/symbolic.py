@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence, cast
 from . import arguments, sources, versions
 from ._types import Model, Tensor
 from .api import as_output, handle_unconnected, zeros_shape
-from .backends import EagerEngine, Request, engine_for
+from .backends import EagerEngine, Request, engine_for, require_tensorflow
 from .detect import flavour_of
 from .errors import InvalidArgumentError, UnsupportedModelError
 
@@ -42,11 +42,12 @@ def symbolic_gradients(
     ``sample_weight`` stay None and ``training`` False: the tensors are fed through the model's
     feeds and ``K.learning_phase()``, as a ``K.function`` over them is.
     """
+    flavour = flavour_of(model)
+    require_tensorflow(flavour.root, "symbolic_gradients")
     import tensorflow as tf
 
     from .backends import _distribute
 
-    flavour = flavour_of(model)
     arguments.check_compiled(model, False, losses_listed=flavour.name != "keras3")
     unconnected = arguments.check_unconnected(unconnected)
     eager = tf.executing_eagerly() or versions.executing_eagerly_outside_functions()

@@ -1,3 +1,4 @@
+import importlib
 import os
 import subprocess
 
@@ -9,7 +10,7 @@ import kit  # noqa: F401  (switches graph mode on before any model is built)
 
 def pytest_report_header(config):
     return [
-        f"compatgrad cell: TF {kit.tf.__version__} / {kit.FLAVOUR} / {kit.MODE} mode",
+        f"compatgrad cell: {_framework()} / {kit.FLAVOUR} / {kit.MODE} mode",
         "missing here (kit.CAPABILITIES): {}".format(", ".join(kit.missing_capabilities()) or "none"),
     ]
 
@@ -28,7 +29,8 @@ def pytest_terminal_summary(terminalreporter):
 def cell_properties(record_testsuite_property):
     """What tools/compat_table.py reads from the JUnit XML of a run (tox writes it to .tox/results)."""
     properties = {
-        "tensorflow": kit.tf.__version__,
+        "tensorflow": "" if kit.tf is None else kit.tf.__version__,
+        "backend": kit.BACKEND,
         "flavour": kit.FLAVOUR,
         "keras": _keras_version(),
         "mode": kit.MODE,
@@ -47,6 +49,12 @@ def cell_properties(record_testsuite_property):
         per_test[name] = max(difference, per_test.get(name, 0.0))
     for name, difference in sorted(per_test.items()):
         record_testsuite_property("parity " + name, f"{difference:.2g}")
+
+
+def _framework():
+    if kit.tf is None:
+        return f"{kit.BACKEND} {importlib.import_module(kit.BACKEND).__version__}"
+    return f"TF {kit.tf.__version__}"
 
 
 def _keras_version():
@@ -81,7 +89,12 @@ def fresh_graph():
     """Each test starts with fresh Keras names and seeds; graph mode keeps one session per test."""
     kit.backend.clear_session()
     np.random.seed(0)
-    kit.tf.random.set_seed(0) if hasattr(kit.tf.random, "set_seed") else kit.tf.compat.v1.set_random_seed(0)
+    if kit.tf is None:
+        kit.keras.utils.set_random_seed(0)  # Keras 3's global seed generator (initializers, Dropout)
+    elif hasattr(kit.tf.random, "set_seed"):
+        kit.tf.random.set_seed(0)
+    else:  # TF 1.x
+        kit.tf.compat.v1.set_random_seed(0)
     yield
 
 

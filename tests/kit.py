@@ -3,8 +3,10 @@
 The cell is chosen by environment variables, read before any model is built:
 COMPATGRAD_KERAS = tf.keras (default) | keras (standalone Keras 2.2/2.3) | tf_keras | keras3,
 COMPATGRAD_MODE = eager (default) | graph. TF 1.x is always graph mode.
+Keras 3 cells on another backend set KERAS_BACKEND (jax): they install no TensorFlow and import none.
 """
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -14,12 +16,13 @@ from typing import Callable, List, NamedTuple, Optional, Tuple, Type
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from compatgrad.errors import InvalidArgumentError, UnsupportedModelError
 
 FLAVOUR = os.environ.get("COMPATGRAD_KERAS", "tf.keras")
-TF1 = not hasattr(tf, "function") or tf.__version__.startswith("1.")
+BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow") if FLAVOUR == "keras3" else "tensorflow"
+tf = importlib.import_module("tensorflow") if BACKEND == "tensorflow" else None
+TF1 = tf is not None and (not hasattr(tf, "function") or tf.__version__.startswith("1."))
 MODE = "graph" if TF1 else os.environ.get("COMPATGRAD_MODE", "eager")
 GRAPH = MODE == "graph"
 
@@ -43,7 +46,7 @@ def _two_logical_cpus():
     configure(devices("CPU")[0], [configuration(), configuration()])
 
 
-if not GRAPH:
+if not GRAPH and tf is not None:
     _two_logical_cpus()
 
 keras = (
@@ -85,6 +88,39 @@ def make_optimizer(cls, learning_rate=None, **kwargs):
             learning_rate
         )
     return cls(**kwargs)
+
+
+class _Ops(NamedTuple):
+    """The few tensor ops the tests' own layers and initializers call, from this cell's framework."""
+
+    constant: Callable  # (value, dtype=None) -> an eager tensor
+    matmul: Callable
+    mean: Callable  # over every axis
+    square: Callable
+
+
+ops = (
+    _Ops(keras.ops.convert_to_tensor, keras.ops.matmul, keras.ops.mean, keras.ops.square)
+    if tf is None
+    else _Ops(tf.constant, tf.matmul, tf.reduce_mean, tf.square)
+)
+
+
+@contextlib.contextmanager
+def float64():
+    """Keras' floatx float64 for models built inside (on JAX, which computes in float64 only with
+    jax_enable_x64, that too)."""
+    backend.set_floatx("float64")
+    if BACKEND == "jax":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        backend.set_floatx("float32")
+        if BACKEND == "jax":
+            jax.config.update("jax_enable_x64", False)
 
 
 def values(variables):
@@ -153,6 +189,8 @@ def reference_gradients(model, x, y, weights, training):
         )
         function = backend.function(feeds, backend.gradients(model.total_loss, list(weights)))
         return function(xs + ys + ones + [training])
+    if BACKEND == "jax":
+        return _jax_reference_gradients(model, x, y, weights, training)
     x, y = tf.nest.map_structure(tf.convert_to_tensor, (x, y))
     with tf.GradientTape() as tape:
         y_pred = model(x, training=bool(training))
@@ -161,6 +199,17 @@ def reference_gradients(model, x, y, weights, training):
         else:
             loss = model.compiled_loss(y, y_pred, regularization_losses=model.losses)
     return [np.array(g) for g in tape.gradient(loss, list(weights))]
+
+
+def _jax_reference_gradients(model, x, y, weights, training):
+    """jax.grad of the compiled loss with ``weights`` (trainable variables) read as its argument."""
+    import jax
+
+    def loss(values):
+        with keras.StatelessScope(state_mapping=list(zip(weights, values))):  # nothing it assigns stays
+            return model.compute_loss(x=x, y=y, y_pred=model(x, training=bool(training)))
+
+    return [np.array(g) for g in jax.grad(loss)([w.value for w in weights])]
 
 
 def session():
@@ -262,10 +311,23 @@ def graph_of(model):
 
 # tf.function's shape relaxation: reduce_retracing (TF >= 2.9) generalizes on the first new shape,
 # experimental_relax_shapes (TF 2.2-2.8) on the second, so three traces there.
-MAX_TRACES_OVER_BATCH_SIZES = 2 if "reduce_retracing" in inspect.signature(tf.function).parameters else 3
+# jax.jit traces once per shape (three sizes: three).
+MAX_TRACES_OVER_BATCH_SIZES = (
+    2 if tf is not None and "reduce_retracing" in inspect.signature(tf.function).parameters else 3
+)
+
+
+def compiled_steps(model):
+    """The compiled steps compatgrad built for ``model``: tf.functions, or (JAX) jitted functions."""
+    from compatgrad import _cache
+
+    built = [getattr(entry, "step", entry) for entry in _cache.built(model)]  # JAX: (step, connected)
+    return [f for f in built if hasattr(f, "get_concrete_function") or hasattr(f, "_cache_size")]
 
 
 def tracing_count(function):
+    if hasattr(function, "_cache_size"):  # jax.jit: one compiled program per shape
+        return function._cache_size()
     count = getattr(function, "experimental_get_tracing_count", None) or function._get_tracing_count
     return count()
 
@@ -287,18 +349,23 @@ def major_minor(text: str) -> Version:
     return int(major), int(minor)
 
 
+# A cell without TensorFlow (Keras 3 on JAX) has no TF version, so none of the limits of old TFs.
+NO_TENSORFLOW: Version = (999, 0)
+
+
 class Cell(NamedTuple):
-    tf: Version  # TensorFlow's (major, minor)
+    tf: Version  # TensorFlow's (major, minor), NO_TENSORFLOW where there is none
     flavour: str  # COMPATGRAD_KERAS: tf.keras | keras (standalone 2.2 / 2.3) | tf_keras | keras3
     keras: Version  # the standalone or Keras 3 package's own version; Keras 2 tf.keras and tf_keras: TF's
     mode: str  # eager | graph
+    backend: str  # Keras 3's backend (KERAS_BACKEND); "tensorflow" for every Keras 2
 
 
 def _this_cell() -> Cell:
-    tf_version = major_minor(tf.__version__)
+    tf_version = NO_TENSORFLOW if tf is None else major_minor(tf.__version__)
     own_package = FLAVOUR in ("keras", "keras3") or KERAS3  # tf.keras 2.13-2.15 has no __version__
     keras_version = major_minor(keras.__version__) if own_package else tf_version
-    return Cell(tf_version, FLAVOUR, keras_version, MODE)
+    return Cell(tf_version, FLAVOUR, keras_version, MODE, BACKEND)
 
 
 CELL = _this_cell()
@@ -317,6 +384,13 @@ class Capability(NamedTuple):
     @property
     def why(self) -> str:
         return f"{self.name}: {self.reason}"
+
+    def needed_by_module(self) -> None:
+        """Called at the top of a test module that needs this capability throughout (a skip capability):
+        where it is missing, the whole module is one declared skip, its code never run."""
+        assert self.raises is None, "only a skip capability can stand for a whole module"
+        if self.missing:
+            pytest.skip(self.why, allow_module_level=True)
 
     @property
     def needed(self) -> pytest.MarkDecorator:
@@ -477,11 +551,49 @@ FIT_UNDER_MULTI_WORKER_MIRRORED = Capability(
     ),
     raises=AssertionError,  # a worker exits with Keras' error
 )
+STATEFUL_RNN_STATES_CARRIED = Capability(
+    name="stateful RNN states carried from step to step",
+    missing_in=lambda cell: cell.backend == "jax",
+    reason=(
+        "Keras 3's JAX step neither updates a stateful RNN's states nor reads them as they change: "
+        "they stay zeros after train_on_batch"
+    ),
+    raises=AssertionError,
+)
+TRAINS_A_LAYER_FROZEN_AFTER_COMPILE = Capability(
+    name="a layer frozen after compile trains until a recompile",
+    missing_in=lambda cell: cell.backend == "jax",
+    reason=(
+        "Keras 3's JAX step reads the trainable variables at every call and refuses a list other than "
+        "the one its optimizer was built for (ValueError): compatgrad refuses such a model too"
+    ),
+    raises=UnsupportedModelError,
+)
 TF_KERAS_NEXT_TO_KERAS3 = Capability(
     name="tf_keras next to Keras 3",
     missing_in=lambda cell: cell.flavour != "tf_keras",
     reason="only the tf_keras cells install both (TF >= 2.16 requires Keras 3, tf_keras stands next to it)",
     raises=None,
+)
+
+TENSORFLOW = Capability(
+    name="TensorFlow",
+    missing_in=lambda cell: cell.backend != "tensorflow",
+    reason=(
+        "the test drives TensorFlow itself (tf.function, tf.data, tf.distribute, a GradientTape oracle) "
+        "or a compatgrad feature built on it (test_errors checks their refusal there); the cell has none"
+    ),
+    raises=None,
+)
+FEATURES_BUILT_ON_TENSORFLOW = Capability(
+    name="features built on TensorFlow's engines",
+    missing_in=lambda cell: cell.backend != "tensorflow",
+    reason=(
+        "layer outputs and inputs as params, models that override train_step, per_example_gradients, "
+        "symbolic_gradients, GradientLogger and apply_gradients run on Keras 3's TensorFlow backend: "
+        "compatgrad refuses them on JAX"
+    ),
+    raises=UnsupportedModelError,
 )
 
 CAPABILITIES = [
@@ -504,7 +616,11 @@ CAPABILITIES = [
     NOISE_SCALE_UNDER_A_STRATEGY,
     FIT_UNDER_MULTI_WORKER_MIRRORED,
     LOSS_SCALE_LOGGED_UNDER_A_STRATEGY,
+    STATEFUL_RNN_STATES_CARRIED,
+    TRAINS_A_LAYER_FROZEN_AFTER_COMPILE,
     TF_KERAS_NEXT_TO_KERAS3,
+    TENSORFLOW,
+    FEATURES_BUILT_ON_TENSORFLOW,
 ]
 
 

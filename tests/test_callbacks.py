@@ -12,6 +12,8 @@ import kit
 from compatgrad import errors
 from compatgrad.callbacks import AnyKerasCallback, GradientLogger
 
+kit.TENSORFLOW.needed_by_module()
+
 keras, tf = kit.keras, kit.tf
 layers = keras.layers
 TOL = 1e-5

@@ -13,6 +13,8 @@ import pytest
 import kit
 from compatgrad import errors, get_gradients
 
+kit.TENSORFLOW.needed_by_module()
+
 eager_only = pytest.mark.skipif(kit.GRAPH, reason="the graph engine never calls train_step")
 keras, tf = kit.keras, kit.tf
 layers = keras.layers

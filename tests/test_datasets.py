@@ -54,7 +54,11 @@ def tf_dataset(arrays, batch_size):
     return kit.tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)
 
 
-@pytest.mark.parametrize("source", [tf_dataset, generator, Batches], ids=["tf.data", "generator", "Sequence"])
+@pytest.mark.parametrize(
+    "source",
+    [pytest.param(tf_dataset, marks=kit.TENSORFLOW.needed), generator, Batches],
+    ids=["tf.data", "generator", "Sequence"],
+)
 def test_uneven_batches_add_up_to_the_step_on_all_the_data(source, rng):
     """Batches of 16, 16 and 8, sample weights and an L2 penalty counted once."""
     x, y, weights = data(rng)
@@ -63,6 +67,7 @@ def test_uneven_batches_add_up_to_the_step_on_all_the_data(source, rng):
     assert kit.parity_difference(grads, kit.train_step_delta(model, x, y, sample_weight=weights)) <= TOL
 
 
+@kit.TENSORFLOW.needed
 def test_steps_stops_early_and_the_loss_is_the_mean(rng):
     x, y, _ = data(rng)
     model = regularized_model()
@@ -86,6 +91,7 @@ def test_sum_reduced_loss_adds_up_over_batches(rng):
     assert kit.max_difference(grads, delta) <= 1e-3 * max(1.0, max(float(np.abs(d).max()) for d in delta))
 
 
+@kit.TENSORFLOW.needed
 def test_progress_bar_unless_verbose_0(rng, capsys):
     x, y, _ = data(rng)
     model = regularized_model()
@@ -95,6 +101,7 @@ def test_progress_bar_unless_verbose_0(rng, capsys):
     assert "3/3" in capsys.readouterr().out
 
 
+@kit.TENSORFLOW.needed
 def test_dataset_arguments_are_checked(rng):
     x, y, _ = data(rng)
     model = regularized_model()
@@ -135,6 +142,7 @@ def two_output_model():
     return model
 
 
+@kit.TENSORFLOW.needed
 def test_many_batches_with_per_output_weights_add_up(rng):
     """More batches than one chunk of the in-graph loop (eager tf.data), per-output sample weights."""
     x, ya, yb = (
@@ -151,6 +159,7 @@ def test_many_batches_with_per_output_weights_add_up(rng):
     assert kit.parity_difference(grads, delta) <= TOL
 
 
+@kit.TENSORFLOW.needed
 def test_a_variable_without_gradient_over_a_dataset(rng):
     """Unconnected over a dataset: raises, or zeros, and the rest still adds up."""
     x, y = rng.randn(40, 3).astype("float32"), rng.randn(40, 1).astype("float32")
@@ -169,6 +178,7 @@ def test_a_variable_without_gradient_over_a_dataset(rng):
         assert kit.parity_difference([kernel], kit.train_step_delta(model, x, y)[:1]) <= TOL
 
 
+@kit.TENSORFLOW.needed
 def test_progress_bar_counts_every_batch_of_a_tf_dataset(rng, capsys):
     x, y, _ = data(rng)
     model = regularized_model()

@@ -12,6 +12,7 @@ import pytest
 import kit
 from compatgrad import errors, get_gradients, layer_outputs
 
+kit.TENSORFLOW.needed_by_module()
 pytestmark = pytest.mark.skipif(kit.GRAPH, reason="distribution strategies: eager training steps only")
 layers = kit.keras.layers
 TOL = 1e-5

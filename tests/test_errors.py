@@ -115,10 +115,10 @@ def test_sample_weight_of_the_wrong_shape():
 def test_symbolic_tensors_in_graph_mode():
     model = compiled()
     raises(
-        errors.InvalidTypeError, "^x: expected a numpy array .*got a symbolic", model, kit.tf.constant(X), Y
+        errors.InvalidTypeError, "^x: expected a numpy array .*got a symbolic", model, kit.ops.constant(X), Y
     )
     raises(
-        errors.InvalidTypeError, r"^y: expected a numpy array .*got a symbolic", model, X, kit.tf.constant(Y)
+        errors.InvalidTypeError, r"^y: expected a numpy array .*got a symbolic", model, X, kit.ops.constant(Y)
     )
 
 
@@ -181,6 +181,7 @@ def test_eager_keras_with_no_train_step_is_refused():
     raises(errors.UnsupportedModelError, "no train_step.*disable_eager_execution", model, X, Y)
 
 
+@kit.TENSORFLOW.needed
 @pytest.mark.skipif(kit.GRAPH, reason="needs a model built eagerly")
 def test_model_used_after_eager_was_disabled():
     script = textwrap.dedent("""
@@ -276,3 +277,41 @@ def test_function_installed_after_the_weight_feeds_is_kept_on_weighted_calls():
     assert model.train_function is hooked
     assert kit.parity_difference(grads, kit.train_step_delta(model, XS, YS, sample_weight=W)) <= 1e-5
     assert len(calls) == 1 and model.train_function is hooked
+
+
+def _features_built_on_tensorflow():
+    from compatgrad import apply_gradients, layer_outputs, per_example_gradients, symbolic_gradients
+    from compatgrad.callbacks import GradientLogger
+
+    return {
+        "layer outputs": lambda model: get_gradients(model, X, Y, layer_outputs(model, ["out0"])),
+        "per_example_gradients": lambda model: per_example_gradients(model, X, Y),
+        "symbolic_gradients": lambda model: symbolic_gradients(model, X, Y),
+        "GradientLogger": lambda model: model.fit(X, Y, callbacks=[GradientLogger()], verbose=0),
+        "apply_gradients": lambda model: apply_gradients(
+            model.optimizer, get_gradients(model, X, Y), model.trainable_weights
+        ),
+    }
+
+
+@kit.FEATURES_BUILT_ON_TENSORFLOW.needed
+@pytest.mark.skipif(kit.GRAPH, reason="called eagerly (symbolic_gradients takes no batch in graph mode)")
+@pytest.mark.parametrize("feature", sorted(_features_built_on_tensorflow()))
+def test_features_built_on_tensorflow_run_there_only(feature):
+    """Where they run, they run on this model; on another backend each raises before touching it."""
+    model = compiled()
+    _features_built_on_tensorflow()[feature](model)
+
+
+@pytest.mark.skipif(kit.BACKEND == "tensorflow", reason="TensorFlow's custom steps run: test_custom_step")
+def test_a_model_that_overrides_train_step_is_refused_off_tensorflow():
+    class OwnStep(kit.keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    inputs = layers.Input(shape=(3,))
+    model = OwnStep(inputs, layers.Dense(1)(inputs))
+    model.compile(kit.sgd(), "mse")
+    raises(
+        errors.UnsupportedModelError, "^model: OwnStep overrides train_step, which compatgrad", model, X, Y
+    )

@@ -17,7 +17,7 @@ class Reconstruction(layers.Layer):
 
     def call(self, inputs):
         x, reconstructed = inputs
-        self.add_loss(tf.reduce_mean(tf.square(reconstructed - x)))
+        self.add_loss(kit.ops.mean(kit.ops.square(reconstructed - x)))
         return reconstructed
 
 
@@ -58,7 +58,7 @@ def seeded(seed):
 
     def initializer(shape, dtype=None, **kwargs):
         values = np.random.RandomState(seed).uniform(-1.0, 1.0, size=tuple(int(d) for d in shape))
-        return tf.constant(values, dtype=dtype or "float32")
+        return kit.ops.constant(values, dtype=dtype or "float32")
 
     return initializer
 
@@ -103,6 +103,7 @@ def test_built_from_the_first_batch_as_the_step_builds_it(make, rng):
     assert kit.max_difference(kit.values(model.trainable_weights), kit.values(twin.trainable_weights)) < TOL
 
 
+@kit.TENSORFLOW.needed
 @pytest.mark.skipif(kit.TF1, reason="tf.data datasets: TF 2")
 def test_an_unbuilt_model_with_a_dataset_is_refused(rng):
     model = sequential_without_input_shape()

@@ -10,6 +10,8 @@ import pytest
 import kit
 from compatgrad import SparseGradient, errors, get_gradients, per_example_gradients
 
+kit.TENSORFLOW.needed_by_module()
+
 keras, tf = kit.keras, kit.tf
 layers = keras.layers
 TOL = 1e-5
@@ -199,10 +201,8 @@ def test_layers_add_up_and_each_example_is_its_share(rng, kind):
 
 @pytest.fixture
 def float64():
-    floatx = kit.backend.floatx()
-    kit.backend.set_floatx("float64")
-    yield
-    kit.backend.set_floatx(floatx)
+    with kit.float64():
+        yield
 
 
 @pytest.mark.parametrize("kind", ["conv1d", "lstm"])

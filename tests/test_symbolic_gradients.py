@@ -7,6 +7,8 @@ import pytest
 import kit
 from compatgrad import errors, get_gradients, layer_outputs, symbolic_gradients
 
+kit.TENSORFLOW.needed_by_module()
+
 keras, tf = kit.keras, kit.tf
 layers = keras.layers
 TOL = 1e-5

@@ -6,6 +6,8 @@ import pytest
 import kit
 from compatgrad import SparseGradient, errors, get_gradients, layer_outputs
 
+kit.TENSORFLOW.needed_by_module()
+
 layers = kit.keras.layers
 TOL = 1e-5
 

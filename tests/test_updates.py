@@ -6,6 +6,8 @@ import pytest
 import kit
 from compatgrad import apply_gradients, errors, freeze, get_gradients, mask_gradients, unfreeze
 
+kit.TENSORFLOW.needed_by_module()
+
 layers = kit.keras.layers
 optimizer_names = pytest.mark.parametrize("opt", sorted(kit.OPTIMIZERS))
 

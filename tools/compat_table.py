@@ -106,6 +106,8 @@ def not_applicable(mode: str, other: Optional[Run]) -> str:
     properties = other.properties
     if mode == "eager" and properties.get("tensorflow", "").startswith("1."):
         return "n/a (TF 1.x)"
+    if mode == "graph" and properties.get("backend", "tensorflow") != "tensorflow":
+        return "n/a (no TensorFlow)"
     if mode == "graph" and properties.get("flavour") == "keras3":
         return "refused (ModeError): Keras 3 has no graph mode"
     return "not run"
@@ -145,6 +147,8 @@ def table(results: str, tox_ini: str) -> Tuple[str, bool]:
         properties = present[0].properties if present else {}
         flavour = properties.get("flavour", "?")
         keras = "{} {}".format(FLAVOURS.get(flavour, flavour), properties.get("keras", "")).strip()
+        backend = properties.get("backend", "tensorflow")
+        keras += "" if backend == "tensorflow" else f" on {backend}"
         differences = [
             float(run.properties["largest_parity_difference"])
             for run in present
@@ -154,7 +158,7 @@ def table(results: str, tox_ini: str) -> Tuple[str, bool]:
             "| {}{} | {} | {} | {} | {} | {} | {:.0f} |".format(
                 cell,
                 " (allowed to fail)" if may_fail else "",
-                properties.get("tensorflow", "?"),
+                properties.get("tensorflow", "?") or "none",
                 keras,
                 eager,
                 graph,

@@ -3,10 +3,12 @@
 - ``graph``: TF1-style sessions (TF 1.x, standalone Keras 2.2/2.3, tf.keras / tf_keras models built
   after ``tf.compat.v1.disable_eager_execution()``).
 - ``keras2``: tf.keras 2.2-2.15 and tf_keras, eager. ``keras3``: Keras 3 on TensorFlow, eager.
+- ``keras3_jax``: Keras 3 on JAX (imports JAX, never TensorFlow).
 - A model whose class overrides ``train_step`` runs its own step (``custom_step``), reached
   through ``keras2`` / ``keras3``, which convert its batch as their Keras does.
 
-The engines import TensorFlow; this module does not, and imports an engine only once a model needs it.
+The TensorFlow engines import TensorFlow, keras3_jax JAX; this module imports neither, and imports an
+engine only once a model needs it.
 """
 
 import sys
@@ -132,9 +134,13 @@ def _choose(model: Model, flavour: Flavour, eager: bool) -> Engine:
 
 def _keras3(flavour: Flavour, eager: bool) -> Engine:
     name = keras3_backend(flavour.root)
+    if name == "jax":
+        from . import keras3_jax
+
+        return keras3_jax
     if name != "tensorflow":
         raise UnsupportedModelError(
-            f"model: expected a Keras 3 model on the TensorFlow backend, got the {name!r} backend"
+            f"model: expected a Keras 3 model on the TensorFlow or JAX backend, got the {name!r} backend"
         )
     if not eager:
         _raise_not_eager(
@@ -145,6 +151,19 @@ def _keras3(flavour: Flavour, eager: bool) -> Engine:
     from . import keras3
 
     return keras3
+
+
+def require_tensorflow(root: str, feature: str, argument: str = "model") -> None:
+    """Raise where ``feature``, built on TensorFlow's engines, meets Keras 3 on another backend.
+
+    ``root``: the module (or package root) of the class of ``argument`` (the model, an optimizer).
+    """
+    name = keras3_backend(root)
+    if name not in (None, "tensorflow"):
+        raise UnsupportedModelError(
+            f"{argument}: {feature} runs on Keras 3's TensorFlow backend (and on Keras 2), got the "
+            f"{name!r} backend; get_gradients runs there"
+        )
 
 
 def _raise_not_eager(graph_mode_message: str) -> None:

@@ -26,7 +26,7 @@ from .._types import Model, ModelRef, Tensor
 from ..detect import Flavour, model_class
 from ..sources import extraction_view, graph_tensors, output_structure
 from ._forward import logits_of
-from ._state import all_layers
+from ._layers import all_layers
 
 GRADIENTS, NORMS, DOT = "gradients", "norms", "dot"
 

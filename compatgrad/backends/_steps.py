@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from .. import versions
 from .._types import Tensor, Variable
+from . import _keras3_optimizer as keras3_optimizer
 
 Gradient = Callable[[Any, List[Any]], List[Any]]  # (loss, variables) -> gradients, None where unconnected
 Pairs = List[Tuple[Any, Any]]
@@ -258,30 +259,12 @@ class Keras3Steps(Steps):
 
     def __init__(self, optimizer: Any):
         super().__init__(optimizer)
-        self.inner = getattr(optimizer, "inner_optimizer", optimizer)
+        self.inner = keras3_optimizer.inner(optimizer)
         self.all_reduce = versions.sums_across_replicas(self.inner)
-        clips = any(getattr(self.inner, name, None) for name in ("clipnorm", "global_clipnorm", "clipvalue"))
-        # Under gradient accumulation, where only the mean applied every k-th step is clipped, no batch's
-        # gradient is.
-        self.clips = clips and not (
-            accumulation_steps(optimizer) and versions.clips_accumulated_mean(self.inner)
-        )
+        self.clips = keras3_optimizer.clips(optimizer)
 
     def scale(self, loss: Tensor) -> Any:
         return self.optimizer.scale_loss(loss)
-
-    def loss_scales(self) -> List[Any]:
-        """What ``apply`` divides gradients by: a LossScaleOptimizer's dynamic scale, the inner
-        optimizer's loss_scale_factor."""
-        scales = []
-        if self.inner is not self.optimizer:
-            # Before it is built, the scale in force is the initial one (so scale_loss says).
-            scales.append(
-                self.optimizer.dynamic_scale if self.optimizer.built else self.optimizer.initial_scale
-            )
-        if self.inner.loss_scale_factor is not None:
-            scales.append(self.inner.loss_scale_factor)
-        return scales
 
     def unscale_in_apply(self, grads: List[Any]) -> List[Any]:
         return self.unscale(grads)  # apply divides by the scales whatever the step did
@@ -296,7 +279,7 @@ class Keras3Steps(Steps):
         return list(self.optimizer.variables)  # a LossScaleOptimizer's include its inner optimizer's
 
     def unscale(self, grads: List[Any]) -> List[Any]:
-        for scale in self.loss_scales():
+        for scale in keras3_optimizer.loss_scales(self.optimizer):
             grads = [None if g is None else tf.convert_to_tensor(g) / tf.cast(scale, g.dtype) for g in grads]
         return grads
 
@@ -313,8 +296,3 @@ class Keras3Steps(Steps):
         if not self.all_reduce or not tf.distribute.has_strategy():  # no sum over replicas, or one replica
             return [g for g, _ in pairs]
         return [g for g, _ in self.inner._all_reduce_sum_gradients(pairs)]
-
-
-def accumulation_steps(optimizer: Any) -> int:
-    """Keras 3's ``gradient_accumulation_steps`` (0 for none); a LossScaleOptimizer's inner optimizer's."""
-    return getattr(getattr(optimizer, "inner_optimizer", optimizer), "gradient_accumulation_steps", None) or 0

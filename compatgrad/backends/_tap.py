@@ -28,7 +28,7 @@ from ..arguments import name_of
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, UnsupportedModelError
 from ._distribute import strategy_of
-from ._state import all_layers
+from ._layers import all_layers
 from ._steps import Keras2Steps, Keras3Steps, Steps
 from .custom_step import optimizers_of
 

@@ -19,10 +19,11 @@ from ..data import is_distributed
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, NotCompiledError, UnsupportedModelError
 from . import Request, Result, Step, StepOutput, custom_step
+from . import _keras3_optimizer as keras3_optimizer
 from ._distribute import distributed_step, strategy_of
 from ._forward import Forward, loss_inputs
 from ._state import PreservedState
-from ._steps import Keras3Steps, accumulation_steps
+from ._steps import Keras3Steps
 
 
 def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
@@ -36,8 +37,7 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
         utils = _paths.load(flavour.root, "data_adapter_utils")
         sample_weight = tf.convert_to_tensor(utils.class_weight_to_sample_weights(y, class_weight))
 
-    accumulation = accumulation_steps(model.optimizer)
-    if accumulation and strategy_of(model) is not None:
+    if keras3_optimizer.accumulation_steps(model.optimizer) and strategy_of(model) is not None:
         raise UnsupportedModelError(
             "model.optimizer: accumulates gradients under a distribution strategy, which compatgrad "
             "does not support yet; use gradient_accumulation_steps=None"
@@ -51,12 +51,7 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
         if strategy is not None:
             _build_loss_outside_step(model, strategy, _paths.load(flavour.root, "backend"), batch)
         result = _compiled_step_gradients(model, flavour, request, x, y, sample_weight)
-    if not accumulation:
-        return result
-    # The step adds its gradients to the optimizer's accumulators, and applies their mean every k-th
-    # step.
-    steps = versions.step_counter(getattr(model.optimizer, "inner_optimizer", model.optimizer))
-    return result._replace(applies_update=(int(steps.numpy()) + 1) % accumulation == 0)
+    return result._replace(applies_update=keras3_optimizer.applies_update(model.optimizer))
 
 
 def _compiled_step_gradients(

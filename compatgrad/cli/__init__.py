@@ -91,10 +91,11 @@ def _check(args: argparse.Namespace) -> int:
     if args.only:
         print(parity.run_only(*args.only))
         return 0
-    import tensorflow as tf
+    from ..detect import installed_flavours
 
-    tf.get_logger().setLevel("ERROR")  # retracing notices about the oracle's own train functions
-    rows = parity.check()
+    flavours = installed_flavours()
+    _quiet_tensorflow()
+    rows = parity.check(flavours)
     print(parity.table(rows))
     failed = sum(not row.ok for row in rows)
     skipped = sum(row.difference is None for row in rows)
@@ -111,13 +112,13 @@ def _grads(args: argparse.Namespace) -> int:
         except ImportError:
             raise ImportError("--plot needs matplotlib: pip install 'compatgrad[plot]'") from None
     import numpy as np
-    import tensorflow as tf
 
     from ..detect import installed_flavours
     from . import files, report
 
-    tf.get_logger().setLevel("ERROR")
-    model = files.load_model(args.model, installed_flavours(), args.keras)
+    flavours = installed_flavours()
+    _quiet_tensorflow()
+    model = files.load_model(args.model, flavours, args.keras)
     x, y, sample_weight = files.load_data(args.data, model)
     params = report.params_for(model, args.params, args.layers)
     if args.noise_scale is not None:  # before the slow part
@@ -138,6 +139,14 @@ def _grads(args: argparse.Namespace) -> int:
     if args.plot:
         report.plot(grads, args.plot)
     return 0
+
+
+def _quiet_tensorflow() -> None:
+    """TensorFlow's retracing notices (about the oracle's own train functions) would bury the output.
+    Only where it is loaded: Keras 3 on JAX needs none."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        tf.get_logger().setLevel("ERROR")
 
 
 def _tensorboard(args: argparse.Namespace) -> int:

@@ -31,10 +31,10 @@ class Row(NamedTuple):
         return self.difference is None or self.difference <= TOLERANCE
 
 
-def run_cases(flavour: str, mode: str) -> List[Row]:
+def run_cases(flavour: str, keras: Any, mode: str) -> List[Row]:
+    """The cases for ``flavour`` (``keras``: its module) in ``mode``, which this process runs in."""
     from .. import errors, get_gradients, layer_outputs
 
-    keras = installed_flavours()[flavour]
     layers = keras.layers
     legacy = versions.legacy_optimizers(keras) if mode == "graph" else None
     sgd_class = legacy.SGD if legacy is not None else keras.optimizers.SGD
@@ -76,9 +76,9 @@ def run_cases(flavour: str, mode: str) -> List[Row]:
             if outputs:  # mse of a Dense(1) output: d loss / d prediction = 2 (prediction - y) / batch
                 closed_form = 2 * (model.predict(inputs, verbose=0) - targets) / len(targets)
                 differences.append(float(np.max(np.abs(grads.pop() - closed_form))))
-            before = [np.array(v) for v in keras.backend.batch_get_value(variables)]
+            before = _values(keras, variables)
             model.train_on_batch(inputs, targets, sample_weight=sample_weight)
-            after = keras.backend.batch_get_value(variables)
+            after = _values(keras, variables)
             differences += [float(np.max(np.abs(b - a - g))) for b, a, g in zip(before, after, grads)]
             rows.append(Row(flavour, mode, case, max(differences)))
         except errors.CompatgradError as error:
@@ -86,9 +86,18 @@ def run_cases(flavour: str, mode: str) -> List[Row]:
     return rows
 
 
+def _values(keras: Any, variables: List[Any]) -> List[np.ndarray]:
+    """The variables' values: Keras 3 (any backend) reads each, Keras 2 all at once (one session run)."""
+    if hasattr(keras, "config") and hasattr(keras.config, "backend"):  # Keras 3
+        return [np.array(v.numpy()) for v in variables]
+    return [np.array(v) for v in keras.backend.batch_get_value(variables)]
+
+
 def modes(flavour: str, keras: Any) -> Dict[str, str]:
     """mode -> "here" (this process), "subprocess", or why it does not apply; ``keras``: the flavour's
     module."""
+    if flavour == "keras3":  # on TensorFlow or JAX: nothing here imports TensorFlow
+        return {"eager": "here", "graph": "n/a: Keras 3 cannot train in graph mode"}
     import tensorflow as tf
 
     if flavour == "keras" and versions.updates_race_gradients(keras):
@@ -100,17 +109,16 @@ def modes(flavour: str, keras: Any) -> Dict[str, str]:
         return {"graph": "here"}
     if flavour == "keras":
         return {"eager": "n/a: standalone Keras runs in graph mode on TF 1.x only"}
-    if flavour == "keras3":
-        return {"eager": "here", "graph": "n/a: Keras 3 cannot train in graph mode"}
     return {"eager": "here", "graph": "subprocess"}
 
 
-def check() -> List[Row]:
+def check(flavours: Dict[str, Any]) -> List[Row]:
+    """The cases for each of ``flavours`` (``installed_flavours()``), in each mode it trains in."""
     rows: List[Row] = []
-    for flavour, keras in installed_flavours().items():
+    for flavour, keras in flavours.items():
         for mode, where in modes(flavour, keras).items():
             if where == "here":
-                rows += run_cases(flavour, mode)
+                rows += run_cases(flavour, keras, mode)
             elif where == "subprocess":
                 rows += _in_subprocess(flavour, mode)
             else:
@@ -133,7 +141,7 @@ def run_only(flavour: str, mode: str) -> str:
 
     if mode == "graph" and tf.executing_eagerly():
         tf.compat.v1.disable_eager_execution()
-    return json.dumps([list(row) for row in run_cases(flavour, mode)])
+    return json.dumps([list(row) for row in run_cases(flavour, installed_flavours()[flavour], mode)])
 
 
 def table(rows: List[Row]) -> str:

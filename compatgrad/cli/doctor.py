@@ -8,12 +8,14 @@ from typing import Any, Dict, List
 from .. import versions
 from ..detect import installed_flavours
 
+# Keras 3's backends and the compatgrad backend their models get.
+KERAS3_BACKENDS = {"tensorflow": "keras3", "jax": "keras3_jax"}
+
 
 def report() -> Dict[str, Any]:
-    import tensorflow as tf
-
-    eager = tf.executing_eagerly()
-    flavours = installed_flavours()
+    flavours = installed_flavours()  # imports TensorFlow where it is installed
+    tf = sys.modules.get("tensorflow")
+    eager = tf is None or tf.executing_eagerly()
     found: Dict[str, Any] = {}
     problems: List[str] = []  # this combination will not work as it is
     notes: List[str] = []  # it works, with a caveat
@@ -22,12 +24,11 @@ def report() -> Dict[str, Any]:
         if name == "keras3":
             backend = keras.config.backend()
             entry["backend"] = backend
-            entry["compatgrad backend"] = (
-                "keras3" if backend == "tensorflow" else "none (TensorFlow backend only)"
-            )
-            if backend != "tensorflow":
+            entry["compatgrad backend"] = KERAS3_BACKENDS.get(backend, "none (TensorFlow or JAX only)")
+            if backend not in KERAS3_BACKENDS:
                 problems.append(
-                    f"Keras 3 runs on the {backend!r} backend; compatgrad needs KERAS_BACKEND=tensorflow"
+                    f"Keras 3 runs on the {backend!r} backend; compatgrad needs KERAS_BACKEND "
+                    "tensorflow or jax"
                 )
         elif name == "keras":
             entry["compatgrad backend"] = (
@@ -55,19 +56,21 @@ def report() -> Dict[str, Any]:
                 )
         found[name] = entry
     tf_keras = found.get("tf_keras")
-    if tf_keras and not _same_minor(tf_keras["version"], tf.__version__):
+    if tf_keras and tf is not None and not _same_minor(tf_keras["version"], tf.__version__):
         problems.append(
             "tf_keras {} is installed against TensorFlow {}: install tf-keras=={}.*".format(
                 tf_keras["version"], tf.__version__, ".".join(tf.__version__.split(".")[:2])
             )
         )
     if not flavours:
-        problems.append("no Keras importable with this TensorFlow")
+        problems.append(
+            "no Keras importable here" if tf is None else "no Keras importable with this TensorFlow"
+        )
     return {
         "python": platform.python_version(),
-        "tensorflow": tf.__version__,
+        "tensorflow": None if tf is None else tf.__version__,
         "default mode": "eager" if eager else "graph",
-        "devices": _devices(tf),
+        "devices": _devices(tf) if tf is not None else _jax_devices(),
         "keras": found,
         "problems": problems,
         "notes": notes,
@@ -77,7 +80,11 @@ def report() -> Dict[str, Any]:
 def text(info: Dict[str, Any]) -> str:
     lines = [
         "python      {}".format(info["python"]),
-        "tensorflow  {} ({} by default)".format(info["tensorflow"], info["default mode"]),
+        "tensorflow  {}".format(
+            "not installed"
+            if info["tensorflow"] is None
+            else "{} ({} by default)".format(info["tensorflow"], info["default mode"])
+        ),
         "devices     {}".format(", ".join(info["devices"]) or "none"),
     ]
     for name, entry in info["keras"].items():
@@ -113,3 +120,9 @@ def _same_minor(a: str, b: str) -> bool:
 
 def _devices(tf: Any) -> List[str]:
     return [f"{device.name} ({device.device_type})" for device in versions.physical_devices(tf)]
+
+
+def _jax_devices() -> List[str]:
+    """JAX's devices where Keras 3 runs on it (without TensorFlow, nothing else tells of devices)."""
+    jax = sys.modules.get("jax")
+    return [f"{device} ({device.platform})" for device in jax.devices()] if jax is not None else []

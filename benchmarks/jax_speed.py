@@ -1,0 +1,111 @@
+"""Keras 3 on JAX: compatgrad's per-call cost next to a hand-written jitted ``jax.value_and_grad`` step.
+
+    KERAS_BACKEND=jax python -m benchmarks [--processes 3] [--rounds 8] [--calls 20]
+
+The workloads are ``speed``'s (MLP, conv, LSTM; not the layer outputs, which JAX refuses). The
+hand-written step is what Keras' JAX guide writes: ``model.stateless_call`` and the compiled loss
+object under ``jax.value_and_grad``, jitted, called with the variables' values and returning numpy
+arrays, as ``get_gradients`` does; the naive recipe is the same, not jitted (one call a round). Each process prints
+``speed``'s table; the summary is the median of compat / hand over fresh processes (target <= 1.10).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Callable, List, Optional, Tuple
+
+import numpy as np
+
+from . import speed
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--in-process", action="store_true", help="one process's run (the workers)")
+    parser.add_argument("--processes", type=int, default=3, help="fresh processes")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds per process")
+    parser.add_argument("--calls", type=int, default=20, help="calls per variant per round")
+    args = parser.parse_args(argv)
+    if args.in_process:
+        return run(args.rounds, args.calls)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    failed, per_process = 0, []
+    for _ in range(args.processes):
+        command = [sys.executable, "-m", "benchmarks.jax_speed", "--in-process"]
+        command += ["--rounds", str(args.rounds), "--calls", str(args.calls)]
+        sys.stdout.flush()
+        result = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
+        print(result.stdout, end="")
+        failed |= result.returncode
+        per_process += [
+            json.loads(line[len(speed.RATIOS) :])
+            for line in result.stdout.splitlines()
+            if line.startswith(speed.RATIOS)
+        ]
+    if per_process:
+        speed.print_summary("jax", per_process)
+    return 1 if failed or not per_process else 0
+
+
+def run(rounds: int, calls: int) -> int:
+    import jax
+    import keras
+
+    from compatgrad import get_gradients, layer_outputs
+
+    print(f"\n== Keras {keras.__version__} on JAX {jax.__version__} ({jax.devices()[0].platform})")
+    workloads = [
+        w
+        for w in speed.build_workloads(keras, False, np.random.RandomState(0), layer_outputs)
+        if not w.outputs
+    ]
+    rows = []
+    for workload in workloads:
+        compat = lambda w=workload: get_gradients(w.model, w.x, w.y, w.params, verbose=0)  # noqa: E731
+        hand, naive = baselines(jax, keras, workload)
+        difference = max(float(np.max(np.abs(a - b))) for a, b in zip(compat(), hand()))
+        # Op by op, JAX is 10-300 times slower (the LSTM: seconds a call): one naive call a round.
+        counts = {"compatgrad": calls, "hand-written": calls, "naive": 1}
+        timings = speed.interleaved(
+            {"compatgrad": compat, "hand-written": hand, "naive": naive}, rounds, counts
+        )
+        rows.append((workload.name, timings, difference))
+    speed.print_table(rows, "jax.jit(jax.value_and_grad(stateless_call + loss))", rounds, calls)
+    print(
+        speed.RATIOS
+        + json.dumps({name: speed.paired(t, "compatgrad", "hand-written") for name, t, _ in rows})
+    )
+    mismatched = [name for name, _, difference in rows if difference > 1e-4]
+    if mismatched:  # then the timings compare different computations
+        print("MISMATCH: compatgrad and the hand-written step disagree on " + ", ".join(mismatched))
+    return 1 if mismatched else 0
+
+
+def baselines(jax: Any, keras: Any, workload: speed.Workload) -> Tuple[Callable, Callable]:
+    """The hand-written step, jitted and not."""
+    model = workload.model
+    loss_object = keras.losses.get(model.loss)
+
+    def loss(trainable: List[Any], non_trainable: List[Any], x: Any, y: Any) -> Any:
+        y_pred, _ = model.stateless_call(trainable, non_trainable, x, training=False)
+        return keras.ops.mean(loss_object(y, y_pred))  # a loss function ("mse") gives one per example
+
+    def call(step: Callable) -> List[np.ndarray]:
+        _, grads = step(
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            workload.x,
+            workload.y,
+        )
+        return [np.array(g) for g in grads]
+
+    step = jax.value_and_grad(loss)
+    compiled = jax.jit(step)
+    return lambda: call(compiled), lambda: call(step)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

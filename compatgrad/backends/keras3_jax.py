@@ -1,0 +1,238 @@
+"""Keras 3 on JAX, mirroring ``keras.src.backend.jax.trainer.JAXTrainer.train_step``.
+
+The step differentiates ``compute_loss_and_updates`` (the loss as ``compute_loss`` gives it,
+regularization included, times the optimizer's ``scale_loss``) with respect to the trainable variables'
+values, and ``optimizer.stateless_apply`` divides by the loss scales, accumulates and clips. Here the
+same function is differentiated with respect to the wanted variables' values, then unscaled and
+clipped in that order, in one ``jax.jit`` function per model and request.
+
+It is called with the model's state as the next step would be: Dropout draws its masks from the
+SeedGenerator states the step will use, BatchNormalization normalizes by the batch. The state it
+returns (moving statistics, seeds, metric totals) is dropped: the call changes nothing.
+"""
+
+import weakref
+from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from .. import _paths
+from .._cache import cached
+from .._types import Model, ModelRef
+from ..arguments import Batch
+from ..detect import Flavour
+from ..errors import InvalidArgumentError, NotCompiledError, UnsupportedModelError
+from . import Request, Result
+from . import _keras3_optimizer as keras3_optimizer
+
+# The step's state, as the trainer passes it: the values of the trainable, non-trainable, metrics and
+# optimizer variables.
+State = Tuple[List[Any], List[Any], List[Any], List[Any]]
+
+
+class Built(NamedTuple):
+    """What is built once per model and request."""
+
+    # (trainable values, non-trainable values, metrics values, optimizer values, x, y, sample_weight)
+    # -> (gradients of the wanted variables, unscaled loss, loss scale), jitted
+    step: Callable[..., Tuple[List[Any], Any, Any]]
+    # the same arguments -> whether the loss reads each wanted variable (found on the first call)
+    connected: Callable[..., List[bool]]
+
+
+def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
+    _refuse_what_is_not_matched(model, flavour, request)
+    model.jax_state_sync()  # during fit the variables lag the trainer's state until it syncs them
+    sample_weight = batch.sample_weight
+    if request.class_weight:
+        if sample_weight is not None:
+            raise InvalidArgumentError(
+                "class_weight", "no sample_weight next to it (Keras 3 takes one or the other)", "both"
+            )
+        utils = _paths.load(flavour.root, "data_adapter_utils")
+        sample_weight = utils.class_weight_to_sample_weights(batch.y, request.class_weight)
+
+    step, connected = _step(model, flavour, request)
+    optimizer = model.optimizer
+    arguments = (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.metrics_variables],
+        [v.value for v in optimizer.variables],
+        batch.x,
+        batch.y,
+        sample_weight,
+    )
+    linked = connected(*arguments)
+    grads, loss, loss_scale = step(*arguments)
+    return Result(
+        [np.array(g) if read else None for g, read in zip(grads, linked)],
+        loss,
+        loss_scale,
+        applies_update=keras3_optimizer.applies_update(optimizer),
+    )
+
+
+def build(model: Model, flavour: Flavour, batch: Batch) -> None:
+    """Build the model, its loss, metrics and optimizer from the first batch, as train_on_batch does."""
+    model._symbolic_build(data_batch=(batch.x, batch.y, batch.sample_weight))
+
+
+def _refuse_what_is_not_matched(model: Model, flavour: Flavour, request: Request) -> None:
+    if flavour.custom_step:
+        raise UnsupportedModelError(
+            f"model: {type(model).__name__} overrides train_step, which compatgrad matches on the "
+            "TensorFlow backend only; on JAX, call your step's own jax.grad"
+        )
+    if request.tensors:
+        raise UnsupportedModelError(
+            "params: layer outputs and model inputs are supported on the TensorFlow backend only; "
+            "on JAX, ask for variables"
+        )
+    optimizer = keras3_optimizer.inner(model.optimizer)
+    built_for = len(optimizer._trainable_variables) if optimizer.built else None
+    if built_for is not None and built_for != len(model.trainable_variables):
+        raise UnsupportedModelError(
+            f"model: expected the {built_for} trainable variables its optimizer was built for, got "
+            f"{len(model.trainable_variables)} (a layer frozen or unfrozen since compile): Keras' JAX "
+            "step refuses to train it; compile the model again"
+        )
+    if _paths.load(flavour.root, "distribution").distribution() is not None:
+        raise UnsupportedModelError(
+            "model: trains under a keras.distribution layout, which compatgrad does not support on JAX; "
+            "use one device"
+        )
+
+
+def _step(model: Model, flavour: Flavour, request: Request) -> Built:
+    """The jitted gradient function, and which wanted variables the loss depends on (found once)."""
+    optimizer = model.optimizer
+    # The trainable variables too: the step reads them at every call (a recompile rebuilds the rest).
+    key = (
+        "keras3-jax",
+        *request.key(),
+        request.training,
+        optimizer.built,
+        *map(id, model.trainable_variables),
+    )
+    state = (optimizer, model._compile_loss)
+    backend = _paths.load(flavour.root, "backend")
+    return cached(model, key, state, lambda: _build(weakref.ref(model), backend, request))
+
+
+def _build(model_ref: ModelRef, backend: Any, request: Request) -> Built:
+    model = model_ref()
+    training = request.training
+    trainable = list(model.trainable_variables)
+    non_trainable = list(model.non_trainable_variables)
+    # Each wanted variable's place in the step's state: (0, i) trainable, (1, i) non-trainable.
+    places = [_place(v, trainable, non_trainable) for v in request.variables]
+    wanted_ids = {id(v) for v in request.variables}
+    clip = request.clip and keras3_optimizer.clips(model.optimizer)
+    # A global norm needs every gradient the optimizer updates: the others are differentiated too.
+    others = [i for i, v in enumerate(trainable) if id(v) not in wanted_ids] if clip else []
+
+    def scaled_loss(
+        wanted: List[Any],
+        others_values: List[Any],
+        state: State,
+        x: Any,
+        y: Any,
+        sample_weight: Any,
+    ) -> Tuple[Any, Any]:
+        """The step's loss as a function of the wanted variables' values (and of the others' that a
+        global norm needs), the rest of the state held fixed."""
+        trainable_values, non_trainable_values, metrics_values, optimizer_values = (list(s) for s in state)
+        for (kind, index), value in zip(places, wanted):
+            (trainable_values if kind == 0 else non_trainable_values)[index] = value
+        for index, value in zip(others, others_values):
+            trainable_values[index] = value
+        model = model_ref()
+        loss, (unscaled_loss, *_) = model.compute_loss_and_updates(
+            trainable_values,
+            non_trainable_values,
+            metrics_values,
+            x,
+            y,
+            sample_weight,
+            training=training,
+            optimizer_variables=optimizer_values,
+        )
+        if not training:  # the step scales the loss it trains on; learning phase 0 must too
+            with _optimizer_state(backend, model, optimizer_values):
+                loss = model.optimizer.scale_loss(unscaled_loss)
+        return loss, unscaled_loss
+
+    def step(*state_and_batch: Any) -> Tuple[List[Any], Any, Any]:
+        model = model_ref()
+        state, (x, y, sample_weight) = state_and_batch[:4], state_and_batch[4:]
+        wanted = [state[kind][index] for kind, index in places]
+        others_values = [state[0][i] for i in others]
+        optimizer_values = state[3]
+        (wanted_grads, others_grads), unscaled_loss = jax.grad(scaled_loss, argnums=(0, 1), has_aux=True)(
+            wanted, others_values, state, x, y, sample_weight
+        )
+        with _optimizer_state(backend, model, optimizer_values):
+            # apply's order: unscale, then clip what it updates (non-trainable variables: unscaled only)
+            scales = keras3_optimizer.loss_scales(model.optimizer)
+            grads = [_unscaled(g, scales) for g in list(wanted_grads) + list(others_grads)]
+            loss_scale = model.optimizer.scale_loss(1.0)
+            if clip:
+                updated = [i for i, (kind, _) in enumerate(places) if kind == 0] + list(
+                    range(len(places), len(grads))
+                )
+                clipped = keras3_optimizer.inner(model.optimizer)._clip_gradients([grads[i] for i in updated])
+                for i, g in zip(updated, clipped):
+                    grads[i] = g
+        return grads[: len(places)], unscaled_loss, loss_scale
+
+    found: List[List[bool]] = []  # which wanted variables the loss reads, from the first call's arguments
+
+    def connected(*state_and_batch: Any) -> List[bool]:
+        if not found:
+            state, (x, y, sample_weight) = state_and_batch[:4], state_and_batch[4:]
+            wanted = [state[kind][index] for kind, index in places]
+            found.append(_read_inputs(scaled_loss, wanted, state, x, y, sample_weight))
+        return found[0]
+
+    return Built(jax.jit(step), connected)
+
+
+def _place(variable: Any, trainable: Sequence[Any], non_trainable: Sequence[Any]) -> Tuple[int, int]:
+    for kind, variables in enumerate((trainable, non_trainable)):
+        for index, candidate in enumerate(variables):
+            if candidate is variable:
+                return kind, index
+    raise InvalidArgumentError("params", "variables of the model", repr(variable))
+
+
+def _unscaled(grad: Any, scales: Sequence[Any]) -> Any:
+    for scale in scales:
+        grad = grad / jax.numpy.asarray(scale, grad.dtype)
+    return grad
+
+
+def _optimizer_state(backend: Any, model: Model, optimizer_values: List[Any]) -> Any:
+    """A scope in which the optimizer's variables read as ``optimizer_values`` (the step's state)."""
+    return backend.StatelessScope(state_mapping=list(zip(model.optimizer.variables, optimizer_values)))
+
+
+def _read_inputs(scaled_loss: Callable[..., Any], wanted: List[Any], *rest: Any) -> List[bool]:
+    """Which of ``wanted`` the loss reads, followed back from the loss through its traced program.
+
+    ``jax.grad`` gives an unread variable zeros (and the step applies them); compatgrad calls it
+    unconnected, as it does on TensorFlow. An operation with a program inside (a loop, a condition)
+    counts as reading every input it takes, so nothing the loss reads is ever called unconnected.
+    """
+    program = jax.make_jaxpr(scaled_loss)(wanted, [], *rest).jaxpr
+    loss = program.outvars[0]
+    if hasattr(loss, "val"):  # a constant: neither a compiled loss nor an add_loss loss
+        raise NotCompiledError(
+            "model: expected a model compiled with a loss (or with add_loss losses), got none"
+        )
+    read = {loss}
+    for equation in reversed(program.eqns):
+        if any(v in read for v in equation.outvars):
+            read.update(v for v in equation.invars if not hasattr(v, "val"))  # a literal holds a val
+    return [v in read for v in program.invars[: len(wanted)]]

@@ -94,9 +94,12 @@ def test_tf_keras_and_keras3_side_by_side(rng):
         assert kit.max_difference(grads, delta) <= 1e-5, keras.__name__
 
 
-@pytest.mark.skipif(not kit.KERAS3, reason="needs Keras 3")
+@pytest.mark.skipif(
+    not kit.KERAS3 or importlib.util.find_spec("jax") is None,
+    reason="needs Keras 3 and its numpy backend, which imports jax (installed in py311-tf221-keras3 and on JAX)",
+)
 def test_keras3_on_an_unsupported_backend_is_refused():
-    """Keras 3's numpy backend (inference only: it cannot train) comes with Keras itself."""
+    """Keras 3's numpy backend: inference only, it cannot train."""
     script = textwrap.dedent("""
         import numpy as np, keras
         from compatgrad import get_gradients, errors

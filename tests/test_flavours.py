@@ -96,7 +96,7 @@ def test_tf_keras_and_keras3_side_by_side(rng):
 
 @pytest.mark.skipif(
     not kit.KERAS3 or importlib.util.find_spec("jax") is None,
-    reason="needs Keras 3 and its numpy backend, which imports jax (installed in py311-tf221-keras3 and on JAX)",
+    reason="needs Keras 3 and its numpy backend, which imports jax (py311-tf221-keras3, the JAX cell)",
 )
 def test_keras3_on_an_unsupported_backend_is_refused():
     """Keras 3's numpy backend: inference only, it cannot train."""

@@ -321,7 +321,7 @@ def compiled_steps(model):
     """The compiled steps compatgrad built for ``model``: tf.functions, or (JAX) jitted functions."""
     from compatgrad import _cache
 
-    built = [getattr(entry, "step", entry) for entry in _cache.built(model)]  # JAX: (step, connected)
+    built = [getattr(entry, "step", entry) for entry in _cache.built(model)]  # JAX: a Built holds it
     return [f for f in built if hasattr(f, "get_concrete_function") or hasattr(f, "_cache_size")]
 
 

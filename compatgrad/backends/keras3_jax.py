@@ -42,7 +42,8 @@ class Built(NamedTuple):
 
 
 def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
-    _refuse_what_is_not_matched(model, flavour, request)
+    trainable = model.trainable_variables  # read at every call, as the trainer reads it
+    _refuse_what_is_not_matched(model, flavour, request, trainable)
     model.jax_state_sync()  # during fit the variables lag the trainer's state until it syncs them
     sample_weight = batch.sample_weight
     if request.class_weight:
@@ -53,24 +54,26 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
         utils = _paths.load(flavour.root, "data_adapter_utils")
         sample_weight = utils.class_weight_to_sample_weights(batch.y, request.class_weight)
 
-    step, connected = _step(model, flavour, request)
-    optimizer = model.optimizer
+    backend = _paths.load(flavour.root, "backend")
+    _build_compiled_loss(model, backend, batch.x, batch.y, sample_weight)
+    built = _step(model, backend, request, trainable)
+    # The state as the trainer reads it at every call (metrics built since are in it too).
     arguments = (
-        [v.value for v in model.trainable_variables],
+        [v.value for v in trainable],
         [v.value for v in model.non_trainable_variables],
         [v.value for v in model.metrics_variables],
-        [v.value for v in optimizer.variables],
+        [v.value for v in model.optimizer.variables],
         batch.x,
         batch.y,
         sample_weight,
     )
-    linked = connected(*arguments)
-    grads, loss, loss_scale = step(*arguments)
+    linked = built.connected(*arguments)
+    grads, loss, loss_scale = built.step(*arguments)
     return Result(
         [np.array(g) if read else None for g, read in zip(grads, linked)],
         loss,
         loss_scale,
-        applies_update=keras3_optimizer.applies_update(optimizer),
+        applies_update=keras3_optimizer.applies_update(model.optimizer),
     )
 
 
@@ -79,7 +82,9 @@ def build(model: Model, flavour: Flavour, batch: Batch) -> None:
     model._symbolic_build(data_batch=(batch.x, batch.y, batch.sample_weight))
 
 
-def _refuse_what_is_not_matched(model: Model, flavour: Flavour, request: Request) -> None:
+def _refuse_what_is_not_matched(
+    model: Model, flavour: Flavour, request: Request, trainable: List[Any]
+) -> None:
     if flavour.custom_step:
         raise UnsupportedModelError(
             f"model: {type(model).__name__} overrides train_step, which compatgrad matches on the "
@@ -92,10 +97,10 @@ def _refuse_what_is_not_matched(model: Model, flavour: Flavour, request: Request
         )
     optimizer = keras3_optimizer.inner(model.optimizer)
     built_for = len(optimizer._trainable_variables) if optimizer.built else None
-    if built_for is not None and built_for != len(model.trainable_variables):
+    if built_for is not None and built_for != len(trainable):
         raise UnsupportedModelError(
             f"model: expected the {built_for} trainable variables its optimizer was built for, got "
-            f"{len(model.trainable_variables)} (a layer frozen or unfrozen since compile): Keras' JAX "
+            f"{len(trainable)} (a layer frozen or unfrozen since compile): Keras' JAX "
             "step refuses to train it; compile the model again"
         )
     if _paths.load(flavour.root, "distribution").distribution() is not None:
@@ -105,19 +110,30 @@ def _refuse_what_is_not_matched(model: Model, flavour: Flavour, request: Request
         )
 
 
-def _step(model: Model, flavour: Flavour, request: Request) -> Built:
+def _build_compiled_loss(model: Model, backend: Any, x: Any, y: Any, sample_weight: Any) -> None:
+    """Build the compiled loss (a ``Mean`` tracker per output, for several) from the batch's shapes before
+    the step is traced, as train_on_batch's ``_symbolic_build`` does: variables the trace created
+    would be missing from the state the step was traced with."""
+    compile_loss = model._compile_loss
+    if compile_loss is None or compile_loss.built:
+        return
+
+    def spec(value: Any) -> Any:
+        return backend.KerasTensor(tuple(value.shape), backend.standardize_dtype(value.dtype))
+
+    x, y, sample_weight = (jax.tree_util.tree_map(spec, part) for part in (x, y, sample_weight))
+    y_pred = backend.compute_output_spec(model, x, training=False)
+    backend.compute_output_spec(
+        model._compute_loss, x, y, y_pred, sample_weight=sample_weight, training=False
+    )
+
+
+def _step(model: Model, backend: Any, request: Request, trainable: List[Any]) -> Built:
     """The jitted gradient function, and which wanted variables the loss depends on (found once)."""
     optimizer = model.optimizer
     # The trainable variables too: the step reads them at every call (a recompile rebuilds the rest).
-    key = (
-        "keras3-jax",
-        *request.key(),
-        request.training,
-        optimizer.built,
-        *map(id, model.trainable_variables),
-    )
+    key = ("keras3-jax", *request.key(), request.training, optimizer.built, *map(id, trainable))
     state = (optimizer, model._compile_loss)
-    backend = _paths.load(flavour.root, "backend")
     return cached(model, key, state, lambda: _build(weakref.ref(model), backend, request))
 
 

@@ -5,8 +5,9 @@
 The workloads are ``speed``'s (MLP, conv, LSTM; not the layer outputs, which JAX refuses). The
 hand-written step is what Keras' JAX guide writes: ``model.stateless_call`` and the compiled loss
 object under ``jax.value_and_grad``, jitted, called with the variables' values and returning numpy
-arrays, as ``get_gradients`` does; the naive recipe is the same, not jitted (one call a round). Each process prints
-``speed``'s table; the summary is the median of compat / hand over fresh processes (target <= 1.10).
+arrays, as ``get_gradients`` does; the naive recipe is the same, not jitted (one call a round). Each
+process prints ``speed``'s table; the summary is the median of compat / hand over fresh processes
+(target <= 1.10).
 """
 
 import argparse

@@ -17,11 +17,12 @@ from ..arguments import Batch
 from ..arrays import to_numpy
 from ..data import is_distributed
 from ..detect import Flavour
-from ..errors import InvalidArgumentError, NotCompiledError, UnsupportedModelError
+from ..errors import InvalidArgumentError, UnsupportedModelError
 from . import Request, Result, Step, StepOutput, custom_step
 from . import _keras3_optimizer as keras3_optimizer
 from ._distribute import distributed_step, strategy_of
 from ._forward import Forward, loss_inputs
+from ._keras3_loss import build_compiled_loss, compiled_loss
 from ._state import PreservedState
 from ._steps import Keras3Steps
 
@@ -49,7 +50,14 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
     else:
         strategy = strategy_of(model)
         if strategy is not None:
-            _build_loss_outside_step(model, strategy, _paths.load(flavour.root, "backend"), batch)
+            with strategy.scope():  # as train_on_batch does under a strategy (_maybe_symbolic_build)
+                build_compiled_loss(
+                    model,
+                    _paths.load(flavour.root, "backend"),
+                    (batch.x, batch.y, batch.sample_weight),
+                    tf.nest.map_structure,
+                    lambda value: value.values[0] if is_distributed(value) else value,  # one replica's part
+                )
         result = _compiled_step_gradients(model, flavour, request, x, y, sample_weight)
     return result._replace(applies_update=keras3_optimizer.applies_update(model.optimizer))
 
@@ -131,7 +139,7 @@ def _build(
             activations, y_pred = forward(model, tape, x, training)
             if request.output_grads:
                 activations += loss_inputs(y_pred)
-            loss = _loss(model, x, y, y_pred, sample_weight, training)
+            loss = compiled_loss(model, x, y, y_pred, sample_weight, training)
             scaled_loss = steps.scale(loss)
         grads = steps.gradients(
             scaled_loss,
@@ -149,41 +157,3 @@ def _build(
         combine = "sum" if losses_divided else "first"  # each replica's share of the loss, or all of it
         return _paths.relaxed_function(distributed_step(strategy, step, len(request.tensors), combine), arity)
     return _paths.relaxed_function(step, arity)
-
-
-def _build_loss_outside_step(model: Model, strategy: Any, backend: Any, batch: Any) -> None:
-    """Build the compiled loss from the batch's shapes under the strategy's scope, before the step is traced,
-    as train_on_batch does under a strategy (``_maybe_symbolic_build``: Keras 3.6, 3.15; not 3.3).
-
-    A CompileLoss of several losses creates a ``Mean`` tracker per output when it builds (3.6, 3.15; not 3.3).
-    Created in the step's first trace, inside ``strategy.run``, those distributed variables' initializers
-    cannot be lifted out of the tf.function, and its fallback (initialize in a ``cond``) fails
-    ("You must feed a value for placeholder tensor 'cond/else/...'").
-    """
-    compile_loss = getattr(model, "_compile_loss", None)
-    if compile_loss is None or compile_loss.built:
-        return
-
-    def spec(value: Any) -> Any:
-        if value is None:
-            return None
-        value = value.values[0] if is_distributed(value) else value  # one replica's part
-        return backend.KerasTensor(tuple(value.shape), value.dtype)  # which standardizes the dtype
-
-    def loss(x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
-        return _loss(model, x, y, y_pred, sample_weight, training=False)  # training=False, as Keras builds it
-
-    x, y, sample_weight = (tf.nest.map_structure(spec, p) for p in (batch.x, batch.y, batch.sample_weight))
-    with strategy.scope():
-        y_pred = backend.compute_output_spec(model, x, training=False)
-        backend.compute_output_spec(loss, x, y, y_pred, sample_weight)
-
-
-def _loss(model: Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> tf.Tensor:
-    if model._compile_loss is None and not model.losses:  # listed only now, after the forward pass
-        raise NotCompiledError(
-            "model: expected a model compiled with a loss (or with add_loss losses), got loss=None"
-        )
-    if versions.passes_training_to_loss(model):
-        return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
-    return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)

@@ -25,6 +25,7 @@ from ..detect import Flavour
 from ..errors import InvalidArgumentError, NotCompiledError, UnsupportedModelError
 from . import Request, Result
 from . import _keras3_optimizer as keras3_optimizer
+from ._keras3_loss import build_compiled_loss
 
 # The step's state, as the trainer passes it: the values of the trainable, non-trainable, metrics and
 # optimizer variables.
@@ -55,7 +56,8 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
         sample_weight = utils.class_weight_to_sample_weights(batch.y, request.class_weight)
 
     backend = _paths.load(flavour.root, "backend")
-    _build_compiled_loss(model, backend, batch.x, batch.y, sample_weight)
+    # Before the step is traced: Mean trackers it created would be missing from the state it was traced with.
+    build_compiled_loss(model, backend, (batch.x, batch.y, sample_weight), jax.tree_util.tree_map)
     built = _step(model, backend, request, trainable)
     # The state as the trainer reads it at every call (metrics built since are in it too).
     arguments = (
@@ -108,24 +110,6 @@ def _refuse_what_is_not_matched(
             "model: trains under a keras.distribution layout, which compatgrad does not support on JAX; "
             "use one device"
         )
-
-
-def _build_compiled_loss(model: Model, backend: Any, x: Any, y: Any, sample_weight: Any) -> None:
-    """Build the compiled loss (a ``Mean`` tracker per output, for several) from the batch's shapes before
-    the step is traced, as train_on_batch's ``_symbolic_build`` does: variables the trace created
-    would be missing from the state the step was traced with."""
-    compile_loss = model._compile_loss
-    if compile_loss is None or compile_loss.built:
-        return
-
-    def spec(value: Any) -> Any:
-        return backend.KerasTensor(tuple(value.shape), backend.standardize_dtype(value.dtype))
-
-    x, y, sample_weight = (jax.tree_util.tree_map(spec, part) for part in (x, y, sample_weight))
-    y_pred = backend.compute_output_spec(model, x, training=False)
-    backend.compute_output_spec(
-        model._compute_loss, x, y, y_pred, sample_weight=sample_weight, training=False
-    )
 
 
 def _step(model: Model, backend: Any, request: Request, trainable: List[Any]) -> Built:

@@ -21,6 +21,8 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "distribution": ("distribution.distribution_lib",),
     # Keras 3: scale_loss_for_distribution (versions.divides_loss_by_replicas).
     "losses": ("losses.loss",),
+    # Keras 3: map_structure over nested batches (the torch engine's; 3.0-3.3 kept it under utils).
+    "tree": ("tree", "utils.tree"),
     # Progbar for whole-dataset gradients.
     "progbar": ("utils.progbar", "utils.generic_utils"),
 }

@@ -3,7 +3,7 @@
 The cell is chosen by environment variables, read before any model is built:
 COMPATGRAD_KERAS = tf.keras (default) | keras (standalone Keras 2.2/2.3) | tf_keras | keras3,
 COMPATGRAD_MODE = eager (default) | graph. TF 1.x is always graph mode.
-Keras 3 cells on another backend set KERAS_BACKEND (jax): they install no TensorFlow and import none.
+Keras 3 cells on another backend set KERAS_BACKEND (jax, torch): they install no TensorFlow and import none.
 """
 
 import contextlib
@@ -191,6 +191,8 @@ def reference_gradients(model, x, y, weights, training):
         return function(xs + ys + ones + [training])
     if BACKEND == "jax":
         return _jax_reference_gradients(model, x, y, weights, training)
+    if BACKEND == "torch":
+        return _torch_reference_gradients(model, x, y, weights, training)
     x, y = tf.nest.map_structure(tf.convert_to_tensor, (x, y))
     with tf.GradientTape() as tape:
         y_pred = model(x, training=bool(training))
@@ -210,6 +212,14 @@ def _jax_reference_gradients(model, x, y, weights, training):
             return model.compute_loss(x=x, y=y, y_pred=model(x, training=bool(training)))
 
     return [np.array(g) for g in jax.grad(loss)([w.value for w in weights])]
+
+
+def _torch_reference_gradients(model, x, y, weights, training):
+    """torch.autograd.grad of the compiled loss with respect to ``weights`` (trainable variables)."""
+    import torch
+
+    loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=bool(training)))
+    return [g.detach().numpy() for g in torch.autograd.grad(loss, [w.value for w in weights])]
 
 
 def session():
@@ -318,7 +328,8 @@ MAX_TRACES_OVER_BATCH_SIZES = (
 
 
 def compiled_steps(model):
-    """The compiled steps compatgrad built for ``model``: tf.functions, or (JAX) jitted functions."""
+    """The compiled steps compatgrad built for ``model``: tf.functions, or (JAX) jitted functions;
+    none on PyTorch (A_COMPILED_STEP)."""
     from compatgrad import _cache
 
     built = [getattr(entry, "step", entry) for entry in _cache.built(model)]  # JAX: a Built holds it
@@ -349,7 +360,7 @@ def major_minor(text: str) -> Version:
     return int(major), int(minor)
 
 
-# A cell without TensorFlow (Keras 3 on JAX) has no TF version, so none of the limits of old TFs.
+# A cell without TensorFlow (Keras 3 on JAX or PyTorch) has no TF version, so none of the limits of old TFs.
 NO_TENSORFLOW: Version = (999, 0)
 
 
@@ -553,21 +564,29 @@ FIT_UNDER_MULTI_WORKER_MIRRORED = Capability(
 )
 STATEFUL_RNN_STATES_CARRIED = Capability(
     name="stateful RNN states carried from step to step",
-    missing_in=lambda cell: cell.backend == "jax",
+    missing_in=lambda cell: cell.backend in ("jax", "torch"),
     reason=(
         "Keras 3's JAX step neither updates a stateful RNN's states nor reads them as they change: "
-        "they stay zeros after train_on_batch"
+        "they stay zeros after train_on_batch; its PyTorch step cannot train one at all: the forward "
+        "pass assigns the states in place after reading them, and backward() refuses (RuntimeError)"
     ),
-    raises=AssertionError,
+    raises=RuntimeError if CELL.backend == "torch" else AssertionError,
+)
+A_COMPILED_STEP = Capability(
+    name="a compiled step",
+    missing_in=lambda cell: cell.backend == "torch",
+    reason="Keras 3's PyTorch step runs eagerly (jit_compile='auto' is off there), and so does compatgrad's",
+    raises=None,
 )
 TRAINS_A_LAYER_FROZEN_AFTER_COMPILE = Capability(
     name="a layer frozen after compile trains until a recompile",
-    missing_in=lambda cell: cell.backend == "jax",
+    missing_in=lambda cell: cell.backend in ("jax", "torch"),
     reason=(
-        "Keras 3's JAX step reads the trainable variables at every call and refuses a list other than "
-        "the one its optimizer was built for (ValueError): compatgrad refuses such a model too"
+        "Keras 3's JAX and PyTorch steps read the trainable variables at every call: JAX refuses a list "
+        "other than the one its optimizer was built for (ValueError), and compatgrad refuses such a model "
+        "too; PyTorch stops training the frozen layer at once (it moves no more, unlike the others)"
     ),
-    raises=UnsupportedModelError,
+    raises=UnsupportedModelError if CELL.backend == "jax" else AssertionError,
 )
 TF_KERAS_NEXT_TO_KERAS3 = Capability(
     name="tf_keras next to Keras 3",
@@ -591,7 +610,7 @@ FEATURES_BUILT_ON_TENSORFLOW = Capability(
     reason=(
         "layer outputs and inputs as params, models that override train_step, per_example_gradients, "
         "symbolic_gradients, GradientLogger and apply_gradients run on Keras 3's TensorFlow backend: "
-        "compatgrad refuses them on JAX"
+        "compatgrad refuses them on JAX and PyTorch"
     ),
     raises=UnsupportedModelError,
 )
@@ -617,6 +636,7 @@ CAPABILITIES = [
     FIT_UNDER_MULTI_WORKER_MIRRORED,
     LOSS_SCALE_LOGGED_UNDER_A_STRATEGY,
     STATEFUL_RNN_STATES_CARRIED,
+    A_COMPILED_STEP,
     TRAINS_A_LAYER_FROZEN_AFTER_COMPILE,
     TF_KERAS_NEXT_TO_KERAS3,
     TENSORFLOW,

@@ -78,6 +78,23 @@ def test_no_side_effects(opt, policy, rng):
     assert kit.max_difference(state(model), state(twin)) == 0.0
 
 
+def test_a_two_output_models_metric_totals_are_untouched(rng):
+    """A loss per output: Keras 3's compiled loss keeps a total per output, written with the loss."""
+    inputs = layers.Input(shape=(5,))
+    hidden = layers.Dense(6, activation="tanh")(inputs)
+    model = kit.keras.Model(inputs, [layers.Dense(1, name="a")(hidden), layers.Dense(2, name="b")(hidden)])
+    model.compile(kit.sgd(), loss=["mse", "mae"], loss_weights=[0.3, 2.0])
+    x, ys = (
+        rng.randn(16, 5).astype("float32"),
+        [rng.randn(16, 1).astype("float32"), rng.randn(16, 2).astype("float32")],
+    )
+    kit.train(model, x, ys, keep_metrics=True)
+    before = state(model)
+    for phase in (0, 1):
+        get_gradients(model, x, ys, learning_phase=phase)
+    assert kit.max_difference(state(model), before) == 0.0
+
+
 @pytest.mark.skipif(not kit.GRAPH, reason="graph mode only")
 def test_graph_does_not_grow_over_1000_calls(rng):
     x, y = rng.randn(64, 4).astype("float32"), rng.randn(64, 1).astype("float32")
@@ -95,6 +112,7 @@ def test_graph_does_not_grow_over_1000_calls(rng):
 
 
 @pytest.mark.skipif(kit.GRAPH, reason="eager mode only")
+@kit.A_COMPILED_STEP.needed
 def test_eager_step_is_traced_once_per_shape_family(rng):
     model = bn_model(None)
     data = {n: (rng.randn(n, 4).astype("float32"), rng.randn(n, 1).astype("float32")) for n in (128, 100, 64)}
@@ -131,6 +149,20 @@ def test_gradients_are_writable_arrays_of_their_own(rng):
     for g in first:
         g *= 0.0  # a read-only array (an eager tensor's buffer) raises here
     assert kit.max_difference(get_gradients(model, x, y), expected) == 0.0
+
+
+@pytest.mark.skipif(kit.BACKEND != "torch", reason="only torch variables hold a .grad")
+def test_torch_grad_attributes_are_as_the_last_step_left_them(rng):
+    """torch.autograd.grad writes no .grad: the trainer's backward() leaves this step's gradients there."""
+    x, y = rng.randn(16, 4).astype("float32"), rng.randn(16, 1).astype("float32")
+    model = bn_model(None, metrics=())
+    values = [v.value for v in model.trainable_variables]
+    get_gradients(model, x, y)
+    assert all(value.grad is None for value in values)
+    kit.train(model, x, y)
+    left = [value.grad.clone() for value in values]
+    get_gradients(model, x, y, learning_phase=1)
+    assert kit.max_difference([value.grad.numpy() for value in values], [g.numpy() for g in left]) == 0.0
 
 
 class WithUnusedWeight(layers.Layer):

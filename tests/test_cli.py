@@ -65,7 +65,9 @@ def test_doctor_reports_this_environment():
     assert info["tensorflow"] == (kit.tf and kit.tf.__version__)
     assert info["default mode"] == ("graph" if kit.TF1 else "eager")
     flavour = "keras3" if kit.KERAS3 else kit.FLAVOUR
-    expected = "keras3_jax" if kit.BACKEND == "jax" else "keras3" if kit.KERAS3 else None
+    expected = {"jax": "keras3_jax", "torch": "keras3_torch"}.get(
+        kit.BACKEND, "keras3" if kit.KERAS3 else None
+    )
     assert info["keras"][flavour]["compatgrad backend"] == (
         expected or ("graph" if kit.TF1 or flavour == "keras" else "keras2")
     )

@@ -113,6 +113,6 @@ def test_keras3_on_an_unsupported_backend_is_refused():
     env = dict(os.environ, KERAS_BACKEND="numpy")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
     assert (
-        "expected a Keras 3 model on the TensorFlow or JAX backend, got the 'numpy' backend"
+        "expected a Keras 3 model on the TensorFlow, JAX or PyTorch backend, got the 'numpy' backend"
         in result.stdout.decode()
     ), result.stderr.decode()[-2000:]

@@ -273,7 +273,7 @@ def test_mixed_precision_loss_scaling(opt, mixed_float16, rng):
     assert_parity(model, x, y, tol=1e-3)
 
 
-@pytest.mark.skipif(not kit.KERAS3, reason="mixed_bfloat16 checked on Keras 3 (TensorFlow and JAX)")
+@pytest.mark.skipif(not kit.KERAS3, reason="mixed_bfloat16 checked on Keras 3 (TensorFlow, JAX, PyTorch)")
 def test_mixed_bfloat16_without_loss_scaling(rng):
     """bfloat16 has float32's range: compile wraps no LossScaleOptimizer, the step scales nothing."""
     x, y = rng.randn(32, 5).astype("float32"), rng.randn(32, 1).astype("float32")
@@ -315,8 +315,9 @@ def test_finite_differences_conv_net(rng):
             [
                 # sigmoid: Keras 3.15's tanh on JAX returns float32 for float64 inputs (result_type(x, float))
                 layers.Conv2D(3, 3, activation="sigmoid", input_shape=(6, 6, 2)),
+                # a 4x4 convolution as the dense head: Keras 3.15 on torch does float64 matmuls in float32
+                layers.Conv2D(2, 4),
                 layers.Flatten(),
-                layers.Dense(2),
             ]
         )
         model.compile(kit.sgd(), "mse")

@@ -3,12 +3,12 @@
 - ``graph``: TF1-style sessions (TF 1.x, standalone Keras 2.2/2.3, tf.keras / tf_keras models built
   after ``tf.compat.v1.disable_eager_execution()``).
 - ``keras2``: tf.keras 2.2-2.15 and tf_keras, eager. ``keras3``: Keras 3 on TensorFlow, eager.
-- ``keras3_jax``: Keras 3 on JAX (imports JAX, never TensorFlow).
+- ``keras3_jax``: Keras 3 on JAX (imports JAX, never TensorFlow); ``keras3_torch``: on PyTorch.
 - A model whose class overrides ``train_step`` runs its own step (``custom_step``), reached
   through ``keras2`` / ``keras3``, which convert its batch as their Keras does.
 
-The TensorFlow engines import TensorFlow, keras3_jax JAX; this module imports neither, and imports an
-engine only once a model needs it.
+The TensorFlow engines import TensorFlow, keras3_jax JAX, keras3_torch torch; this module imports
+none of them, and imports an engine only once a model needs it.
 """
 
 import sys
@@ -138,9 +138,14 @@ def _keras3(flavour: Flavour, eager: bool) -> Engine:
         from . import keras3_jax
 
         return keras3_jax
+    if name == "torch":
+        from . import keras3_torch
+
+        return keras3_torch
     if name != "tensorflow":
         raise UnsupportedModelError(
-            f"model: expected a Keras 3 model on the TensorFlow or JAX backend, got the {name!r} backend"
+            "model: expected a Keras 3 model on the TensorFlow, JAX or PyTorch backend, "
+            f"got the {name!r} backend"
         )
     if not eager:
         _raise_not_eager(

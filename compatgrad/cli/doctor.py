@@ -9,7 +9,7 @@ from .. import versions
 from ..detect import installed_flavours
 
 # Keras 3's backends and the compatgrad backend their models get.
-KERAS3_BACKENDS = {"tensorflow": "keras3", "jax": "keras3_jax"}
+KERAS3_BACKENDS = {"tensorflow": "keras3", "jax": "keras3_jax", "torch": "keras3_torch"}
 
 
 def report() -> Dict[str, Any]:
@@ -24,11 +24,13 @@ def report() -> Dict[str, Any]:
         if name == "keras3":
             backend = keras.config.backend()
             entry["backend"] = backend
-            entry["compatgrad backend"] = KERAS3_BACKENDS.get(backend, "none (TensorFlow or JAX only)")
+            entry["compatgrad backend"] = KERAS3_BACKENDS.get(
+                backend, "none (TensorFlow, JAX or PyTorch only)"
+            )
             if backend not in KERAS3_BACKENDS:
                 problems.append(
                     f"Keras 3 runs on the {backend!r} backend; compatgrad needs KERAS_BACKEND "
-                    "tensorflow or jax"
+                    "tensorflow, jax or torch"
                 )
         elif name == "keras":
             entry["compatgrad backend"] = (
@@ -70,7 +72,9 @@ def report() -> Dict[str, Any]:
         "python": platform.python_version(),
         "tensorflow": None if tf is None else tf.__version__,
         "default mode": "eager" if eager else "graph",
-        "devices": _devices(tf) if tf is not None else _jax_devices(),
+        "devices": _devices(tf)
+        if tf is not None
+        else _keras3_devices(found.get("keras3", {}).get("backend")),
         "keras": found,
         "problems": problems,
         "notes": notes,
@@ -122,7 +126,13 @@ def _devices(tf: Any) -> List[str]:
     return [f"{device.name} ({device.device_type})" for device in versions.physical_devices(tf)]
 
 
-def _jax_devices() -> List[str]:
-    """JAX's devices where Keras 3 runs on it (without TensorFlow, nothing else tells of devices)."""
-    jax = sys.modules.get("jax")
-    return [f"{device} ({device.platform})" for device in jax.devices()] if jax is not None else []
+def _keras3_devices(backend: Any) -> List[str]:
+    """The devices of the framework Keras 3 runs on (without TensorFlow, nothing else tells of devices)."""
+    if backend == "jax":
+        jax = importlib.import_module("jax")
+        return [f"{device} ({device.platform})" for device in jax.devices()]
+    if backend == "torch":
+        torch = importlib.import_module("torch")
+        gpus = [f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count())]
+        return ["cpu (cpu)"] + gpus
+    return []

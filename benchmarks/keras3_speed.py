@@ -1,16 +1,21 @@
-"""Keras 3 on JAX: compatgrad's per-call cost next to a hand-written jitted ``jax.value_and_grad`` step.
+"""Keras 3 on JAX or PyTorch: compatgrad's per-call cost next to the step Keras' guide for that
+backend writes by hand.
 
-    KERAS_BACKEND=jax python -m benchmarks [--processes 3] [--rounds 8] [--calls 20]
+    KERAS_BACKEND=jax|torch python -m benchmarks [--processes 3] [--rounds 8] [--calls 20]
 
-The workloads are ``speed``'s (MLP, conv, LSTM; not the layer outputs, which JAX refuses). The
-hand-written step is what Keras' JAX guide writes: ``model.stateless_call`` and the compiled loss
-object under ``jax.value_and_grad``, jitted, called with the variables' values and returning numpy
-arrays, as ``get_gradients`` does; the naive recipe is the same, not jitted (one call a round). Each
-process prints ``speed``'s table; the summary is the median of compat / hand over fresh processes
+The workloads are ``speed``'s (MLP, conv, LSTM; not the layer outputs, which compatgrad refuses
+there). Each hand-written step returns numpy arrays, as ``get_gradients`` does:
+- JAX: ``model.stateless_call`` and the compiled loss object under ``jax.value_and_grad``, jitted,
+  called with the variables' values; the naive recipe is the same, not jitted (one call a round).
+- PyTorch: the model and its ``compute_loss`` (as ``speed``'s TensorFlow steps) under
+  ``torch.autograd.grad``; the naive recipe is the trainer's own, ``backward()`` and the variables'
+  ``.grad`` (then ``zero_grad``).
+Each process prints ``speed``'s table; the summary is the median of compat / hand over fresh processes
 (target <= 1.10).
 """
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -35,7 +40,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     failed, per_process = 0, []
     for _ in range(args.processes):
-        command = [sys.executable, "-m", "benchmarks.jax_speed", "--in-process"]
+        command = [sys.executable, "-m", "benchmarks.keras3_speed", "--in-process"]
         command += ["--rounds", str(args.rounds), "--calls", str(args.calls)]
         sys.stdout.flush()
         result = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
@@ -47,17 +52,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             if line.startswith(speed.RATIOS)
         ]
     if per_process:
-        speed.print_summary("jax", per_process)
+        speed.print_summary(os.environ["KERAS_BACKEND"], per_process)
     return 1 if failed or not per_process else 0
 
 
 def run(rounds: int, calls: int) -> int:
-    import jax
     import keras
 
     from compatgrad import get_gradients, layer_outputs
 
-    print(f"\n== Keras {keras.__version__} on JAX {jax.__version__} ({jax.devices()[0].platform})")
+    backend = keras.config.backend()
+    baselines, recipe = BACKENDS[backend]
+    module = importlib.import_module(backend)  # the framework's package is named as the backend
+    print(f"\n== Keras {keras.__version__} on {backend} {module.__version__} ({_device(module)})")
     workloads = [
         w
         for w in speed.build_workloads(keras, False, np.random.RandomState(0), layer_outputs)
@@ -66,15 +73,15 @@ def run(rounds: int, calls: int) -> int:
     rows = []
     for workload in workloads:
         compat = lambda w=workload: get_gradients(w.model, w.x, w.y, w.params, verbose=0)  # noqa: E731
-        hand, naive = baselines(jax, keras, workload)
+        hand, naive = baselines(module, keras, workload)
         difference = max(float(np.max(np.abs(a - b))) for a, b in zip(compat(), hand()))
         # Op by op, JAX is 10-300 times slower (the LSTM: seconds a call): one naive call a round.
-        counts = {"compatgrad": calls, "hand-written": calls, "naive": 1}
+        counts = {"compatgrad": calls, "hand-written": calls, "naive": 1 if backend == "jax" else calls}
         timings = speed.interleaved(
             {"compatgrad": compat, "hand-written": hand, "naive": naive}, rounds, counts
         )
         rows.append((workload.name, timings, difference))
-    speed.print_table(rows, "jax.jit(jax.value_and_grad(stateless_call + loss))", rounds, calls)
+    speed.print_table(rows, recipe, rounds, calls)
     print(
         speed.RATIOS
         + json.dumps({name: speed.paired(t, "compatgrad", "hand-written") for name, t, _ in rows})
@@ -85,7 +92,13 @@ def run(rounds: int, calls: int) -> int:
     return 1 if mismatched else 0
 
 
-def baselines(jax: Any, keras: Any, workload: speed.Workload) -> Tuple[Callable, Callable]:
+def _device(module: Any) -> str:
+    if module.__name__ == "jax":
+        return module.devices()[0].platform
+    return "cuda" if module.cuda.is_available() else "cpu"
+
+
+def jax_baselines(jax: Any, keras: Any, workload: speed.Workload) -> Tuple[Callable, Callable]:
     """The hand-written step, jitted and not."""
     model = workload.model
     loss_object = keras.losses.get(model.loss)
@@ -106,6 +119,34 @@ def baselines(jax: Any, keras: Any, workload: speed.Workload) -> Tuple[Callable,
     step = jax.value_and_grad(loss)
     compiled = jax.jit(step)
     return lambda: call(compiled), lambda: call(step)
+
+
+def torch_baselines(torch: Any, keras: Any, workload: speed.Workload) -> Tuple[Callable, Callable]:
+    """The hand-written step (``torch.autograd.grad`` of the model's compiled loss, as ``speed``'s
+    TensorFlow steps take it), and the trainer's ``backward()`` and ``.grad``."""
+    model = workload.model
+    weights = [v.value for v in model.trainable_variables]
+
+    def loss() -> Any:
+        return model.compute_loss(x=workload.x, y=workload.y, y_pred=model(workload.x, training=False))
+
+    def hand() -> List[np.ndarray]:
+        return [g.detach().cpu().numpy() for g in torch.autograd.grad(loss(), weights)]
+
+    def naive() -> List[np.ndarray]:
+        loss().backward()
+        grads = [w.grad.detach().cpu().numpy() for w in weights]
+        model.zero_grad()
+        return grads
+
+    return hand, naive
+
+
+# Keras 3's backend -> (its baselines, the hand-written recipe's name).
+BACKENDS = {
+    "jax": (jax_baselines, "jax.jit(jax.value_and_grad(stateless_call + loss))"),
+    "torch": (torch_baselines, "torch.autograd.grad(model + compute_loss)"),
+}
 
 
 if __name__ == "__main__":

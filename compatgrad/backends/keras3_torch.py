@@ -1,0 +1,143 @@
+"""Keras 3 on PyTorch, mirroring ``keras.src.backend.torch.trainer.TorchTrainer.train_step``.
+
+The step calls the model (``training=True``), computes the loss as ``compute_loss`` gives it
+(regularization included), multiplies it by the optimizer's ``scale_loss``, and ``backward()``s it;
+``optimizer.apply`` then divides by the loss scales, accumulates and clips. Here the same forward pass
+and loss are differentiated with ``torch.autograd.grad`` with respect to the wanted variables (and,
+under a global norm, every trainable one), which leaves no ``.grad`` behind, then unscaled and clipped
+in ``apply``'s order.
+
+The forward pass writes what the step's would: moving statistics, seed-generator states, a stateful
+RNN's states, the compiled loss's metric totals. They are read before and written back after. An
+unseeded Dropout draws from torch's global generator (as the step's does): it runs in a fork of the
+generator, so it draws the mask the next step will draw and leaves the generator where it was.
+"""
+
+import contextlib
+from typing import Any, Iterator, List
+
+import torch
+
+from .. import _paths
+from .._types import Model
+from ..arguments import Batch
+from ..detect import Flavour
+from ..errors import InvalidArgumentError, UnsupportedModelError
+from . import Request, Result
+from . import _keras3_optimizer as keras3_optimizer
+from ._keras3_loss import build_compiled_loss, compiled_loss
+from ._layers import layer_states
+
+
+def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
+    _refuse_what_is_not_matched(model, flavour, request)
+    sample_weight = batch.sample_weight
+    if request.class_weight:
+        if sample_weight is not None:
+            raise InvalidArgumentError(
+                "class_weight", "no sample_weight next to it (Keras 3 takes one or the other)", "both"
+            )
+        utils = _paths.load(flavour.root, "data_adapter_utils")
+        sample_weight = utils.class_weight_to_sample_weights(batch.y, request.class_weight)
+
+    backend = _paths.load(flavour.root, "backend")
+    tree = _paths.load(flavour.root, "tree")
+    # Before the forward pass: Mean trackers it created would keep this call's totals.
+    build_compiled_loss(model, backend, (batch.x, batch.y, sample_weight), tree.map_structure)
+    wanted = list(request.variables)
+    clip = request.clip and keras3_optimizer.clips(model.optimizer)
+    # A global norm needs every gradient the optimizer updates: the others are differentiated too.
+    wanted_ids = {id(v) for v in wanted}
+    others = [v for v in model.trainable_variables if id(v) not in wanted_ids] if clip else []
+
+    with _written_back(model, request.training), _differentiable(wanted):
+        y_pred = model(batch.x, training=request.training) if model._call_has_training_arg else model(batch.x)
+        loss = compiled_loss(model, batch.x, batch.y, y_pred, sample_weight, request.training)
+        scaled_loss = model.optimizer.scale_loss(loss)
+        grads = torch.autograd.grad(
+            scaled_loss,
+            [v.value for v in wanted + others],
+            allow_unused=True,
+        )
+
+    with torch.no_grad():  # apply's order: unscale, then clip what it updates (non-trainable: unscaled only)
+        scales = keras3_optimizer.loss_scales(model.optimizer)
+        grads = [None if g is None else _unscaled(g, scales) for g in grads]
+        if clip:
+            trainable_ids = {id(v) for v in model.trainable_variables}
+            updated = [
+                i for i, v in enumerate(wanted + others) if id(v) in trainable_ids and grads[i] is not None
+            ]
+            clipped = keras3_optimizer.inner(model.optimizer)._clip_gradients([grads[i] for i in updated])
+            for i, g in zip(updated, clipped):
+                grads[i] = g
+        loss_scale = float(model.optimizer.scale_loss(1.0))
+    return Result(
+        [None if g is None else g.detach().cpu().numpy() for g in grads[: len(wanted)]],
+        loss.detach(),
+        loss_scale,
+        applies_update=keras3_optimizer.applies_update(model.optimizer),
+    )
+
+
+def build(model: Model, flavour: Flavour, batch: Batch) -> None:
+    """Build the model, its loss, metrics and optimizer from the first batch, as train_on_batch does."""
+    model._symbolic_build(data_batch=(batch.x, batch.y, batch.sample_weight))
+
+
+def _refuse_what_is_not_matched(model: Model, flavour: Flavour, request: Request) -> None:
+    if flavour.custom_step:
+        raise UnsupportedModelError(
+            f"model: {type(model).__name__} overrides train_step, which compatgrad matches on the "
+            "TensorFlow backend only; on PyTorch, call torch.autograd.grad in your step"
+        )
+    if request.tensors:
+        raise UnsupportedModelError(
+            "params: layer outputs and model inputs are supported on the TensorFlow backend only; "
+            "on PyTorch, ask for variables"
+        )
+
+
+@contextlib.contextmanager
+def _written_back(model: Model, training: bool) -> Iterator[None]:
+    """What the forward pass and the loss write, read before and written back after: non-trainable
+    variables (in training mode: moving statistics, seed states), stateful RNN states, the compiled
+    loss's metric totals;
+    torch's global random generators forked, so that Dropout draws the next step's mask."""
+    variables = list(model.non_trainable_variables) if training else []
+    # The compiled loss's Mean trackers (one per output of a multi-output model): no other metric is
+    # written before the step's compute_metrics.
+    variables += layer_states(model) + list(getattr(model._compile_loss, "variables", []))
+    saved = {id(v): (v, v.value.detach().clone()) for v in variables}
+    with torch.random.fork_rng(devices=_cuda_devices()):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for variable, value in saved.values():
+                    variable.value.copy_(value)
+
+
+@contextlib.contextmanager
+def _differentiable(variables: List[Any]) -> Iterator[None]:
+    """Wanted non-trainable variables (moving statistics) made differentiable for the call: torch
+    differentiates only tensors that require a gradient, and Keras' require one only where trainable."""
+    switched = [v.value for v in variables if not v.value.requires_grad]
+    for value in switched:
+        value.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for value in switched:
+            value.requires_grad_(False)
+
+
+def _cuda_devices() -> List[int]:
+    """The CUDA devices whose generators a forward pass may draw from: those in use (none on a CPU)."""
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+
+
+def _unscaled(grad: Any, scales: List[Any]) -> Any:
+    for scale in scales:
+        grad = grad / torch.as_tensor(getattr(scale, "value", scale), dtype=grad.dtype, device=grad.device)
+    return grad

@@ -222,6 +222,16 @@ def _torch_reference_gradients(model, x, y, weights, training):
     return [g.detach().numpy() for g in torch.autograd.grad(loss, [w.value for w in weights])]
 
 
+def _torch_hand_gradients(forward, xs, y, wanted):
+    import torch
+
+    leaves = [torch.tensor(x, requires_grad=True) for x in xs]
+    prediction, tensors = forward(leaves)
+    tensors.update((f"x{i}", leaf) for i, leaf in enumerate(leaves))
+    loss = torch.mean(torch.square(prediction - torch.tensor(y)))
+    return [g.numpy() for g in torch.autograd.grad(loss, [tensors[name] for name in wanted])]
+
+
 def session():
     """Graph mode: the session holding the models' variables (the public backend may not export
     get_session)."""
@@ -241,6 +251,8 @@ def hand_gradients(forward, xs, y, wanted):
         loss = tf.reduce_mean(tf.square(prediction - y))
         gradients = tf.gradients(loss, [tensors[name] for name in wanted])
         return session().run(gradients, dict(zip(placeholders, xs)))
+    if BACKEND == "torch":
+        return _torch_hand_gradients(forward, xs, y, wanted)
     constants = [tf.constant(x) for x in xs]
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(constants)
@@ -608,9 +620,24 @@ FEATURES_BUILT_ON_TENSORFLOW = Capability(
     name="features built on TensorFlow's engines",
     missing_in=lambda cell: cell.backend != "tensorflow",
     reason=(
-        "layer outputs and inputs as params, models that override train_step, per_example_gradients, "
-        "symbolic_gradients, GradientLogger and apply_gradients run on Keras 3's TensorFlow backend: "
-        "compatgrad refuses them on JAX and PyTorch"
+        "models that override train_step, per_example_gradients, symbolic_gradients, GradientLogger and "
+        "apply_gradients run on Keras 3's TensorFlow backend: compatgrad refuses them on JAX and PyTorch"
+    ),
+    raises=UnsupportedModelError,
+)
+SPARSE_GRADIENTS = Capability(
+    name="sparse gradients (sparse=True)",
+    missing_in=lambda cell: cell.backend != "tensorflow",
+    reason="tf.IndexedSlices are TensorFlow's: JAX and torch differentiate an Embedding to a dense array",
+    raises=AssertionError,
+)
+LAYER_OUTPUTS_AS_PARAMS = Capability(
+    name="layer outputs and model inputs as params",
+    missing_in=lambda cell: cell.backend == "jax",
+    reason=(
+        "Keras 3's JAX step is one function of the variables' values, and jax.grad takes no tensor "
+        "computed inside it: compatgrad refuses them there (TensorFlow and PyTorch differentiate the "
+        "step's forward pass itself)"
     ),
     raises=UnsupportedModelError,
 )
@@ -641,6 +668,8 @@ CAPABILITIES = [
     TF_KERAS_NEXT_TO_KERAS3,
     TENSORFLOW,
     FEATURES_BUILT_ON_TENSORFLOW,
+    SPARSE_GRADIENTS,
+    LAYER_OUTPUTS_AS_PARAMS,
 ]
 
 

@@ -280,11 +280,10 @@ def test_function_installed_after_the_weight_feeds_is_kept_on_weighted_calls():
 
 
 def _features_built_on_tensorflow():
-    from compatgrad import apply_gradients, layer_outputs, per_example_gradients, symbolic_gradients
+    from compatgrad import apply_gradients, per_example_gradients, symbolic_gradients
     from compatgrad.callbacks import GradientLogger
 
     return {
-        "layer outputs": lambda model: get_gradients(model, X, Y, layer_outputs(model, ["out0"])),
         "per_example_gradients": lambda model: per_example_gradients(model, X, Y),
         "symbolic_gradients": lambda model: symbolic_gradients(model, X, Y),
         "GradientLogger": lambda model: model.fit(X, Y, callbacks=[GradientLogger()], verbose=0),
@@ -301,6 +300,15 @@ def test_features_built_on_tensorflow_run_there_only(feature):
     """Where they run, they run on this model; on another backend each raises before touching it."""
     model = compiled()
     _features_built_on_tensorflow()[feature](model)
+
+
+@kit.LAYER_OUTPUTS_AS_PARAMS.needed
+def test_layer_outputs_as_params_run_where_the_engine_takes_them():
+    """Where they run, they run on this model (test_targets checks the values); JAX refuses them."""
+    from compatgrad import layer_outputs
+
+    model = compiled()
+    get_gradients(model, X, Y, layer_outputs(model, ["out0"]))
 
 
 @pytest.mark.skipif(kit.BACKEND == "tensorflow", reason="TensorFlow's custom steps run: test_custom_step")

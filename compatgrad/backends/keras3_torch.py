@@ -14,15 +14,17 @@ generator, so it draws the mask the next step will draw and leaves the generator
 """
 
 import contextlib
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Tuple
 
 import torch
 
 from .. import _paths
+from .._cache import cached
 from .._types import Model
 from ..arguments import Batch
-from ..detect import Flavour
+from ..detect import Flavour, model_class
 from ..errors import InvalidArgumentError, UnsupportedModelError
+from ..sources import extraction_view, flatten, output_structure
 from . import Request, Result
 from . import _keras3_optimizer as keras3_optimizer
 from ._keras3_loss import build_compiled_loss, compiled_loss
@@ -51,14 +53,10 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
     others = [v for v in model.trainable_variables if id(v) not in wanted_ids] if clip else []
 
     with _written_back(model, request.training), _differentiable(wanted):
-        y_pred = model(batch.x, training=request.training) if model._call_has_training_arg else model(batch.x)
+        activations, y_pred = _forward(model, flavour, request, batch.x, tree)
         loss = compiled_loss(model, batch.x, batch.y, y_pred, sample_weight, request.training)
         scaled_loss = model.optimizer.scale_loss(loss)
-        grads = torch.autograd.grad(
-            scaled_loss,
-            [v.value for v in wanted + others],
-            allow_unused=True,
-        )
+        grads = _gradients(scaled_loss, [v.value for v in wanted + others] + activations)
 
     with torch.no_grad():  # apply's order: unscale, then clip what it updates (non-trainable: unscaled only)
         scales = keras3_optimizer.loss_scales(model.optimizer)
@@ -72,8 +70,9 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
             for i, g in zip(updated, clipped):
                 grads[i] = g
         loss_scale = float(model.optimizer.scale_loss(1.0))
+    grads = grads[: len(wanted)] + grads[len(wanted + others) :]  # the params': variables, then tensors
     return Result(
-        [None if g is None else g.detach().cpu().numpy() for g in grads[: len(wanted)]],
+        [None if g is None else g.detach().cpu().numpy() for g in grads],
         loss.detach(),
         loss_scale,
         applies_update=keras3_optimizer.applies_update(model.optimizer),
@@ -91,19 +90,55 @@ def _refuse_what_is_not_matched(model: Model, flavour: Flavour, request: Request
             f"model: {type(model).__name__} overrides train_step, which compatgrad matches on the "
             "TensorFlow backend only; on PyTorch, call torch.autograd.grad in your step"
         )
-    if request.tensors:
-        raise UnsupportedModelError(
-            "params: layer outputs and model inputs are supported on the TensorFlow backend only; "
-            "on PyTorch, ask for variables"
-        )
+
+
+def _forward(model: Model, flavour: Flavour, request: Request, x: Any, tree: Any) -> Tuple[List[Any], Any]:
+    """The step's forward pass: ``(activations, y_pred)``, the activations those of ``request.tensors``.
+
+    Where tensors are wanted, the model's extraction view (its layers, inputs -> tensors + outputs)
+    runs instead, on inputs that require a gradient, so that a model input gets one too.
+    """
+    training = request.training
+    if not request.tensors:
+        return [], model(x, training=training) if model._call_has_training_arg else model(x)
+    outputs = output_structure(model)
+    view = cached(
+        model,
+        ("keras3-torch view", *map(id, request.tensors)),
+        (),
+        lambda: extraction_view(model, model_class(model), tuple(request.tensors), flatten(outputs)),
+    )
+    backend = _paths.load(flavour.root, "backend")
+    flat = list(view(tree.map_structure(lambda value: _watched(backend, value), x), training=training))
+    count = len(request.tensors)
+    return flat[:count], tree.pack_sequence_as(outputs, flat[count:])
+
+
+def _gradients(loss: Any, sources: List[Any]) -> List[Any]:
+    """``torch.autograd.grad`` of ``loss`` with respect to ``sources``; None where the loss does not
+    depend on one, or where nothing that requires a gradient leads to it (a frozen Embedding's output)."""
+    live = [i for i, source in enumerate(sources) if source.requires_grad]
+    grads: List[Any] = [None] * len(sources)
+    found = torch.autograd.grad(loss, [sources[i] for i in live], allow_unused=True) if live else []
+    for i, grad in zip(live, found):
+        grads[i] = grad
+    return grads
+
+
+def _watched(backend: Any, value: Any) -> Any:
+    """An input as a tensor that requires a gradient (floating ones: an Embedding's indices cannot)."""
+    if value is None:
+        return None
+    tensor = backend.convert_to_tensor(value)
+    return tensor.detach().requires_grad_(True) if tensor.is_floating_point() else tensor
 
 
 @contextlib.contextmanager
 def _written_back(model: Model, training: bool) -> Iterator[None]:
     """What the forward pass and the loss write, read before and written back after: non-trainable
     variables (in training mode: moving statistics, seed states), stateful RNN states, the compiled
-    loss's metric totals;
-    torch's global random generators forked, so that Dropout draws the next step's mask."""
+    loss's metric totals; torch's global random generators forked, so that Dropout draws the next
+    step's mask."""
     variables = list(model.non_trainable_variables) if training else []
     # The compiled loss's Mean trackers (one per output of a multi-output model): no other metric is
     # written before the step's compute_metrics.

@@ -3,9 +3,22 @@ from a batch's shapes before a step is traced. No framework is imported here."""
 
 from typing import Any, Callable
 
-from .. import versions
+from .. import _paths, versions
 from .._types import Model, Tensor
-from ..errors import NotCompiledError
+from ..errors import InvalidArgumentError, NotCompiledError
+
+
+def sample_weights(root: str, y: Any, sample_weight: Any, class_weight: Any) -> Any:
+    """The sample weights train_on_batch trains with: ``sample_weight``, or ``class_weight`` per example
+    (Keras 3 takes one or the other). ``root``: the model's Keras package root."""
+    if not class_weight:
+        return sample_weight
+    if sample_weight is not None:
+        raise InvalidArgumentError(
+            "class_weight", "no sample_weight next to it (Keras 3 takes one or the other)", "both"
+        )
+    utils = _paths.load(root, "data_adapter_utils")
+    return utils.class_weight_to_sample_weights(y, class_weight)
 
 
 def compiled_loss(model: Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> Tensor:

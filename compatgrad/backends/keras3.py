@@ -17,26 +17,22 @@ from ..arguments import Batch
 from ..arrays import to_numpy
 from ..data import is_distributed
 from ..detect import Flavour
-from ..errors import InvalidArgumentError, UnsupportedModelError
+from ..errors import UnsupportedModelError
 from . import Request, Result, Step, StepOutput, custom_step
 from . import _keras3_optimizer as keras3_optimizer
 from ._distribute import distributed_step, strategy_of
 from ._forward import Forward, loss_inputs
-from ._keras3_loss import build_compiled_loss, compiled_loss
+from ._keras3_loss import build_compiled_loss, compiled_loss, sample_weights
 from ._state import PreservedState
 from ._steps import Keras3Steps
 
 
 def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
-    class_weight = request.class_weight
     x, y, sample_weight = (_to_tensors(part) for part in (batch.x, batch.y, batch.sample_weight))
-    if class_weight:
-        if sample_weight is not None:
-            raise InvalidArgumentError(
-                "class_weight", "no sample_weight next to it (Keras 3 takes one or the other)", "both"
-            )
-        utils = _paths.load(flavour.root, "data_adapter_utils")
-        sample_weight = tf.convert_to_tensor(utils.class_weight_to_sample_weights(y, class_weight))
+    if request.class_weight:
+        sample_weight = tf.convert_to_tensor(
+            sample_weights(flavour.root, y, sample_weight, request.class_weight)
+        )
 
     if keras3_optimizer.accumulation_steps(model.optimizer) and strategy_of(model) is not None:
         raise UnsupportedModelError(

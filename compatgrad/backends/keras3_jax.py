@@ -25,7 +25,7 @@ from ..detect import Flavour
 from ..errors import InvalidArgumentError, NotCompiledError, UnsupportedModelError
 from . import Request, Result
 from . import _keras3_optimizer as keras3_optimizer
-from ._keras3_loss import build_compiled_loss
+from ._keras3_loss import build_compiled_loss, sample_weights
 
 # The step's state, as the trainer passes it: the values of the trainable, non-trainable, metrics and
 # optimizer variables.
@@ -46,14 +46,7 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
     trainable = model.trainable_variables  # read at every call, as the trainer reads it
     _refuse_what_is_not_matched(model, flavour, request, trainable)
     model.jax_state_sync()  # during fit the variables lag the trainer's state until it syncs them
-    sample_weight = batch.sample_weight
-    if request.class_weight:
-        if sample_weight is not None:
-            raise InvalidArgumentError(
-                "class_weight", "no sample_weight next to it (Keras 3 takes one or the other)", "both"
-            )
-        utils = _paths.load(flavour.root, "data_adapter_utils")
-        sample_weight = utils.class_weight_to_sample_weights(batch.y, request.class_weight)
+    sample_weight = sample_weights(flavour.root, batch.y, batch.sample_weight, request.class_weight)
 
     backend = _paths.load(flavour.root, "backend")
     # Before the step is traced: Mean trackers it created would be missing from the state it was traced with.

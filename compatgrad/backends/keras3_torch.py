@@ -23,24 +23,17 @@ from .._cache import cached
 from .._types import Model
 from ..arguments import Batch
 from ..detect import Flavour, model_class
-from ..errors import InvalidArgumentError, UnsupportedModelError
+from ..errors import UnsupportedModelError
 from ..sources import extraction_view, flatten, output_structure
 from . import Request, Result
 from . import _keras3_optimizer as keras3_optimizer
-from ._keras3_loss import build_compiled_loss, compiled_loss
+from ._keras3_loss import build_compiled_loss, compiled_loss, sample_weights
 from ._layers import layer_states
 
 
 def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
     _refuse_what_is_not_matched(model, flavour, request)
-    sample_weight = batch.sample_weight
-    if request.class_weight:
-        if sample_weight is not None:
-            raise InvalidArgumentError(
-                "class_weight", "no sample_weight next to it (Keras 3 takes one or the other)", "both"
-            )
-        utils = _paths.load(flavour.root, "data_adapter_utils")
-        sample_weight = utils.class_weight_to_sample_weights(batch.y, request.class_weight)
+    sample_weight = sample_weights(flavour.root, batch.y, batch.sample_weight, request.class_weight)
 
     backend = _paths.load(flavour.root, "backend")
     tree = _paths.load(flavour.root, "tree")

@@ -46,7 +46,7 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
     others = [v for v in model.trainable_variables if id(v) not in wanted_ids] if clip else []
 
     with _written_back(model, request.training), _differentiable(wanted):
-        activations, y_pred = _forward(model, flavour, request, batch.x, tree)
+        activations, y_pred = _forward(model, request, batch.x, backend, tree)
         loss = compiled_loss(model, batch.x, batch.y, y_pred, sample_weight, request.training)
         scaled_loss = model.optimizer.scale_loss(loss)
         grads = _gradients(scaled_loss, [v.value for v in wanted + others] + activations)
@@ -85,7 +85,7 @@ def _refuse_what_is_not_matched(model: Model, flavour: Flavour, request: Request
         )
 
 
-def _forward(model: Model, flavour: Flavour, request: Request, x: Any, tree: Any) -> Tuple[List[Any], Any]:
+def _forward(model: Model, request: Request, x: Any, backend: Any, tree: Any) -> Tuple[List[Any], Any]:
     """The step's forward pass: ``(activations, y_pred)``, the activations those of ``request.tensors``.
 
     Where tensors are wanted, the model's extraction view (its layers, inputs -> tensors + outputs)
@@ -101,7 +101,6 @@ def _forward(model: Model, flavour: Flavour, request: Request, x: Any, tree: Any
         (),
         lambda: extraction_view(model, model_class(model), tuple(request.tensors), flatten(outputs)),
     )
-    backend = _paths.load(flavour.root, "backend")
     flat = list(view(tree.map_structure(lambda value: _watched(backend, value), x), training=training))
     count = len(request.tensors)
     return flat[:count], tree.pack_sequence_as(outputs, flat[count:])

@@ -68,13 +68,12 @@ def report() -> Dict[str, Any]:
         problems.append(
             "no Keras importable here" if tf is None else "no Keras importable with this TensorFlow"
         )
+    devices = _devices(tf) if tf is not None else _keras3_devices(found.get("keras3", {}).get("backend"))
     return {
         "python": platform.python_version(),
         "tensorflow": None if tf is None else tf.__version__,
         "default mode": "eager" if eager else "graph",
-        "devices": _devices(tf)
-        if tf is not None
-        else _keras3_devices(found.get("keras3", {}).get("backend")),
+        "devices": devices,
         "keras": found,
         "problems": problems,
         "notes": notes,

@@ -3,8 +3,8 @@ backend writes by hand.
 
     KERAS_BACKEND=jax|torch python -m benchmarks [--processes 3] [--rounds 8] [--calls 20]
 
-The workloads are ``speed``'s (MLP, conv, LSTM; not the layer outputs, which compatgrad refuses on
-JAX). Each hand-written step returns numpy arrays, as ``get_gradients`` does:
+The workloads are ``speed``'s (MLP, conv, LSTM; not the layer outputs, whose hand-written steps
+differ by framework). Each hand-written step returns numpy arrays, as ``get_gradients`` does:
 - JAX: ``model.stateless_call`` and the compiled loss object under ``jax.value_and_grad``, jitted,
   called with the variables' values; the naive recipe is the same, not jitted (one call a round).
 - PyTorch: the model and its ``compute_loss`` (as ``speed``'s TensorFlow steps) under

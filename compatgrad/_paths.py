@@ -17,6 +17,8 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "data_adapter": ("engine.data_adapter",),
     # Keras 3: class_weight_to_sample_weights, as train_on_batch uses it.
     "data_adapter_utils": ("trainers.data_adapters.data_adapter_utils",),
+    # Keras 3: operation_fn, which hands each layer of a functional graph the call's training flag (JAX).
+    "functional": ("models.functional",),
     # Keras 3: the keras.distribution layout in force (JAX).
     "distribution": ("distribution.distribution_lib",),
     # Keras 3: scale_loss_for_distribution (versions.divides_loss_by_replicas).

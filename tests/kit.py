@@ -222,16 +222,6 @@ def _torch_reference_gradients(model, x, y, weights, training):
     return [g.detach().numpy() for g in torch.autograd.grad(loss, [w.value for w in weights])]
 
 
-def _torch_hand_gradients(forward, xs, y, wanted):
-    import torch
-
-    leaves = [torch.tensor(x, requires_grad=True) for x in xs]
-    prediction, tensors = forward(leaves)
-    tensors.update((f"x{i}", leaf) for i, leaf in enumerate(leaves))
-    loss = torch.mean(torch.square(prediction - torch.tensor(y)))
-    return [g.numpy() for g in torch.autograd.grad(loss, [tensors[name] for name in wanted])]
-
-
 def session():
     """Graph mode: the session holding the models' variables (the public backend may not export
     get_session)."""
@@ -241,25 +231,57 @@ def session():
 def hand_gradients(forward, xs, y, wanted):
     """d mean((forward(x) - y)**2) / d [what ``wanted(x, tensors)`` picks], written by hand for each mode.
 
-    ``forward(xs) -> (prediction, {name: tensor})`` calls the model's layers directly, so no
-    compatgrad code is involved; ``wanted`` names the tensors, or "x0", "x1", ... for the inputs.
+    ``forward(xs, tap) -> (prediction, {name: tensor})`` calls the model's layers directly, so no
+    compatgrad code is involved, and passes each named tensor through ``tap(name, tensor)`` as it makes
+    it (JAX differentiates with respect to a zero added there); ``wanted`` names the tensors, or "x0",
+    "x1", ... for the inputs.
     """
     if GRAPH:
         placeholders = [tf.compat.v1.placeholder(x.dtype, shape=(None,) + x.shape[1:]) for x in xs]
-        prediction, tensors = forward(placeholders)
+        prediction, tensors = forward(placeholders, _untapped)
         tensors.update((f"x{i}", p) for i, p in enumerate(placeholders))
         loss = tf.reduce_mean(tf.square(prediction - y))
         gradients = tf.gradients(loss, [tensors[name] for name in wanted])
         return session().run(gradients, dict(zip(placeholders, xs)))
     if BACKEND == "torch":
         return _torch_hand_gradients(forward, xs, y, wanted)
+    if BACKEND == "jax":
+        return _jax_hand_gradients(forward, xs, y, wanted)
     constants = [tf.constant(x) for x in xs]
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(constants)
-        prediction, tensors = forward(constants)
+        prediction, tensors = forward(constants, _untapped)
         tensors.update((f"x{i}", c) for i, c in enumerate(constants))
         loss = tf.reduce_mean(tf.square(prediction - y))
     return [np.array(g) for g in tape.gradient(loss, [tensors[name] for name in wanted])]
+
+
+def _untapped(name, tensor):
+    return tensor
+
+
+def _torch_hand_gradients(forward, xs, y, wanted):
+    import torch
+
+    leaves = [torch.tensor(x, requires_grad=True) for x in xs]
+    prediction, tensors = forward(leaves, _untapped)
+    tensors.update((f"x{i}", leaf) for i, leaf in enumerate(leaves))
+    loss = torch.mean(torch.square(prediction - torch.tensor(y)))
+    return [g.numpy() for g in torch.autograd.grad(loss, [tensors[name] for name in wanted])]
+
+
+def _jax_hand_gradients(forward, xs, y, wanted):
+    import jax
+
+    _, tensors = forward(xs, _untapped)
+    probes = {name: np.zeros(tensors[name].shape, "float32") for name in wanted if name in tensors}
+
+    def loss(probes, xs):
+        prediction, _ = forward(xs, lambda name, tensor: tensor + probes[name] if name in probes else tensor)
+        return jax.numpy.mean(jax.numpy.square(prediction - y))
+
+    by_probe, by_input = jax.grad(loss, argnums=(0, 1))(probes, list(xs))
+    return [np.array(by_probe[name] if name in probes else by_input[int(name[1:])]) for name in wanted]
 
 
 @functools.lru_cache(maxsize=None)
@@ -625,21 +647,20 @@ FEATURES_BUILT_ON_TENSORFLOW = Capability(
     ),
     raises=UnsupportedModelError,
 )
+OUTPUTS_OF_A_SHARED_LAYER = Capability(
+    name="the outputs of a layer called more than once, as params",
+    missing_in=lambda cell: cell.backend == "jax",
+    reason=(
+        "on JAX compatgrad adds a zero to a wanted tensor where its layer is called, and cannot tell one "
+        "call of a shared layer from another: it refuses them"
+    ),
+    raises=UnsupportedModelError,
+)
 SPARSE_GRADIENTS = Capability(
     name="sparse gradients (sparse=True)",
     missing_in=lambda cell: cell.backend != "tensorflow",
     reason="tf.IndexedSlices are TensorFlow's: JAX and torch differentiate an Embedding to a dense array",
     raises=AssertionError,
-)
-LAYER_OUTPUTS_AS_PARAMS = Capability(
-    name="layer outputs and model inputs as params",
-    missing_in=lambda cell: cell.backend == "jax",
-    reason=(
-        "Keras 3's JAX step is one function of the variables' values, and jax.grad takes no tensor "
-        "computed inside it: compatgrad refuses them there (TensorFlow and PyTorch differentiate the "
-        "step's forward pass itself)"
-    ),
-    raises=UnsupportedModelError,
 )
 
 CAPABILITIES = [
@@ -668,8 +689,8 @@ CAPABILITIES = [
     TF_KERAS_NEXT_TO_KERAS3,
     TENSORFLOW,
     FEATURES_BUILT_ON_TENSORFLOW,
+    OUTPUTS_OF_A_SHARED_LAYER,
     SPARSE_GRADIENTS,
-    LAYER_OUTPUTS_AS_PARAMS,
 ]
 
 

@@ -302,15 +302,6 @@ def test_features_built_on_tensorflow_run_there_only(feature):
     _features_built_on_tensorflow()[feature](model)
 
 
-@kit.LAYER_OUTPUTS_AS_PARAMS.needed
-def test_layer_outputs_as_params_run_where_the_engine_takes_them():
-    """Where they run, they run on this model (test_targets checks the values); JAX refuses them."""
-    from compatgrad import layer_outputs
-
-    model = compiled()
-    get_gradients(model, X, Y, layer_outputs(model, ["out0"]))
-
-
 @pytest.mark.skipif(kit.BACKEND == "tensorflow", reason="TensorFlow's custom steps run: test_custom_step")
 def test_a_model_that_overrides_train_step_is_refused_off_tensorflow():
     class OwnStep(kit.keras.Model):

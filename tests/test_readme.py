@@ -38,7 +38,7 @@ def migration_after_blocks():
 
 @pytest.mark.parametrize(
     "index",
-    [0, 1, 2, 3, pytest.param(4, marks=kit.LAYER_OUTPUTS_AS_PARAMS.needed)],  # 4: layer outputs
+    [0, 1, 2, 3, 4],  # 4: layer outputs
 )
 def test_migration_after_blocks_match_the_training_step(index, rng):
     blocks = migration_after_blocks()

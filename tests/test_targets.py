@@ -6,9 +6,6 @@ import pytest
 import kit
 from compatgrad import SparseGradient, errors, get_gradients, layer_outputs
 
-# Each test that asks for tensors needs them (on JAX compatgrad refuses them: a strict expected failure).
-tensors_as_params = kit.LAYER_OUTPUTS_AS_PARAMS.needed
-
 layers = kit.keras.layers
 TOL = 1e-5
 
@@ -26,9 +23,9 @@ def skip_model(frozen_first=False):
     model = kit.keras.Model(inputs, last(add([h1, second(h1)])))
     model.compile(kit.sgd(), "mse")
 
-    def forward(xs):
-        h1 = first(xs[0])
-        total = add([h1, second(h1)])
+    def forward(xs, tap):
+        h1 = tap("d1", first(xs[0]))
+        total = tap("add", add([h1, second(h1)]))
         return last(total), {"d1": h1, "add": total}
 
     return model, forward
@@ -38,7 +35,6 @@ def data(rng, n=16):
     return rng.randn(n, 5).astype("float32"), rng.randn(n, 1).astype("float32")
 
 
-@tensors_as_params
 def test_layer_outputs_and_inputs_match_hand_written_gradients(rng):
     x, y = data(rng)
     model, forward = skip_model()
@@ -48,7 +44,6 @@ def test_layer_outputs_and_inputs_match_hand_written_gradients(rng):
     assert kit.max_difference(grads, kit.hand_gradients(forward, [x], y, ["d1", "add", "x0"])) <= TOL
 
 
-@tensors_as_params
 def test_input_gradient_matches_finite_differences(rng):
     x, y = data(rng, n=4)
     model, _ = skip_model()
@@ -64,7 +59,6 @@ def test_input_gradient_matches_finite_differences(rng):
         assert abs(estimate - grads[i, j]) <= 1e-3 * max(1.0, abs(estimate)), (i, j, estimate, grads[i, j])
 
 
-@tensors_as_params
 def test_weights_and_outputs_in_one_call_keep_training_parity(rng):
     x = rng.randn(32, 5).astype("float32")
     y = {"a": rng.randn(32, 1).astype("float32"), "b": rng.randint(0, 3, size=(32, 1))}
@@ -87,7 +81,6 @@ def test_weights_and_outputs_in_one_call_keep_training_parity(rng):
     assert kit.parity_difference(grads[1:3] + grads[4:], delta) <= TOL
 
 
-@tensors_as_params
 def test_frozen_layer_still_has_an_output_gradient(rng):
     """Nothing upstream of d1 is trainable: the inputs must be watched for d1's output to get a gradient."""
     x, y = data(rng)
@@ -98,7 +91,6 @@ def test_frozen_layer_still_has_an_output_gradient(rng):
     assert kit.max_difference(grads[:1], kit.hand_gradients(forward, [x], y, ["d1"])) <= TOL
 
 
-@tensors_as_params
 def test_nested_sequential_output_by_name_index_and_object(rng):
     x, y = data(rng)
     inner = kit.keras.Sequential(
@@ -109,8 +101,8 @@ def test_nested_sequential_output_by_name_index_and_object(rng):
     model = kit.keras.Model(inputs, last(inner(first(inputs))))
     model.compile(kit.sgd(), "mse")
 
-    def forward(xs):
-        nested = inner(first(xs[0]))
+    def forward(xs, tap):
+        nested = tap("inner", inner(first(xs[0])))
         return last(nested), {"inner": nested}
 
     by_name = get_gradients(model, x, y, layer_outputs(model, ["inner"]))
@@ -122,7 +114,22 @@ def test_nested_sequential_output_by_name_index_and_object(rng):
         layer_outputs(model, [inner.layers[0]])
 
 
-@tensors_as_params
+@kit.OUTPUTS_OF_A_SHARED_LAYER.needed
+def test_outputs_of_a_layer_called_twice(rng):
+    (a, b), y = [rng.randn(16, 5).astype("float32") for _ in range(2)], rng.randn(16, 1).astype("float32")
+    shared, add, last = layers.Dense(4, activation="tanh", name="shared"), layers.Add(), layers.Dense(1)
+    inputs = [layers.Input(shape=(5,)), layers.Input(shape=(5,))]
+    model = kit.keras.Model(inputs, last(add([shared(inputs[0]), shared(inputs[1])])))
+    model.compile(kit.sgd(), "mse")
+
+    def forward(xs, tap):
+        first, second = tap("first", shared(xs[0])), tap("second", shared(xs[1]))
+        return last(add([first, second])), {"first": first, "second": second}
+
+    grads = get_gradients(model, [a, b], y, layer_outputs(model, ["shared"]))
+    assert kit.max_difference(grads, kit.hand_gradients(forward, [a, b], y, ["first", "second"])) <= TOL
+
+
 def test_as_dict_names_are_unique_and_stable(rng):
     x, y = data(rng)
     model, _ = skip_model()
@@ -161,7 +168,6 @@ def test_embedding_gradient_dense_by_default_sparse_on_request(rng):
     assert kit.parity_difference(dense, kit.train_step_delta(model, tokens, y)) <= TOL
 
 
-@tensors_as_params
 def test_embedding_output_gradient_adds_up_to_the_trained_embedding_gradient(rng):
     """Only a tensor wanted, behind an integer input: its gradient, added up per token, is the step's."""
     tokens, y = rng.randint(0, 20, size=(8, 6)), rng.randn(8, 1).astype("float32")
@@ -206,7 +212,6 @@ def loss_has_gradient_for_output(model, x, y):
     return found[0]
 
 
-@tensors_as_params
 def test_a_softmax_output_read_through_its_logits_is_explained(rng):
     x, _ = data(rng)
     y = np.eye(3, dtype="float32")[rng.randint(0, 3, size=16)]
@@ -222,7 +227,6 @@ def test_a_softmax_output_read_through_its_logits_is_explained(rng):
             get_gradients(model, x, y, wanted)
 
 
-@tensors_as_params
 def test_integer_input_has_no_gradient(rng):
     tokens, y = rng.randint(0, 20, size=(8, 6)), rng.randn(8, 1).astype("float32")
     model = embedding_model()

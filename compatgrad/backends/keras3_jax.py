@@ -6,13 +6,17 @@ values, and ``optimizer.stateless_apply`` divides by the loss scales, accumulate
 same function is differentiated with respect to the wanted variables' values, then unscaled and
 clipped in that order, in one ``jax.jit`` function per model and request.
 
+Layer outputs and model inputs as params (``_Probed``): the forward pass runs through the model's
+extraction view with a zero added to each wanted tensor where it is made, and the loss, as
+``compute_loss_and_updates`` computes it, is differentiated with respect to those zeros as well.
+
 It is called with the model's state as the next step would be: Dropout draws its masks from the
 SeedGenerator states the step will use, BatchNormalization normalizes by the batch. The state it
 returns (moving statistics, seeds, metric totals) is dropped: the call changes nothing.
 """
 
 import weakref
-from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -21,8 +25,9 @@ from .. import _paths
 from .._cache import cached
 from .._types import Model, ModelRef
 from ..arguments import Batch
-from ..detect import Flavour
+from ..detect import Flavour, model_class
 from ..errors import InvalidArgumentError, NotCompiledError, UnsupportedModelError
+from ..sources import extraction_view, flatten, output_structure
 from . import Request, Result
 from . import _keras3_optimizer as keras3_optimizer
 from ._keras3_loss import build_compiled_loss, sample_weights
@@ -51,7 +56,7 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
     backend = _paths.load(flavour.root, "backend")
     # Before the step is traced: Mean trackers it created would be missing from the state it was traced with.
     build_compiled_loss(model, backend, (batch.x, batch.y, sample_weight), jax.tree_util.tree_map)
-    built = _step(model, backend, request, trainable)
+    built = _step(model, flavour, backend, request, trainable)
     # The state as the trainer reads it at every call (metrics built since are in it too).
     arguments = (
         [v.value for v in trainable],
@@ -85,11 +90,6 @@ def _refuse_what_is_not_matched(
             f"model: {type(model).__name__} overrides train_step, which compatgrad matches on the "
             "TensorFlow backend only; on JAX, call your step's own jax.grad"
         )
-    if request.tensors:
-        raise UnsupportedModelError(
-            "params: layer outputs and model inputs are supported on the TensorFlow backend only; "
-            "on JAX, ask for variables"
-        )
     optimizer = keras3_optimizer.inner(model.optimizer)
     built_for = len(optimizer._trainable_variables) if optimizer.built else None
     if built_for is not None and built_for != len(trainable):
@@ -105,18 +105,19 @@ def _refuse_what_is_not_matched(
         )
 
 
-def _step(model: Model, backend: Any, request: Request, trainable: List[Any]) -> Built:
+def _step(model: Model, flavour: Flavour, backend: Any, request: Request, trainable: List[Any]) -> Built:
     """The jitted gradient function, and which wanted variables the loss depends on (found once)."""
     optimizer = model.optimizer
     # The trainable variables too: the step reads them at every call (a recompile rebuilds the rest).
     key = ("keras3-jax", *request.key(), request.training, optimizer.built, *map(id, trainable))
     state = (optimizer, model._compile_loss)
-    return cached(model, key, state, lambda: _build(weakref.ref(model), backend, request))
+    return cached(model, key, state, lambda: _build(weakref.ref(model), flavour, backend, request))
 
 
-def _build(model_ref: ModelRef, backend: Any, request: Request) -> Built:
+def _build(model_ref: ModelRef, flavour: Flavour, backend: Any, request: Request) -> Built:
     model = model_ref()
     training = request.training
+    probed = _Probed(model, flavour, request.tensors) if request.tensors else None
     trainable = list(model.trainable_variables)
     non_trainable = list(model.non_trainable_variables)
     # Each wanted variable's place in the step's state: (0, i) trainable, (1, i) non-trainable.
@@ -134,14 +135,25 @@ def _build(model_ref: ModelRef, backend: Any, request: Request) -> Built:
         y: Any,
         sample_weight: Any,
     ) -> Tuple[Any, Any]:
-        """The step's loss as a function of the wanted variables' values (and of the others' that a
-        global norm needs), the rest of the state held fixed."""
+        """The step's loss as a function of the wanted variables' values then the wanted tensors'
+        probes (and of the others' values that a global norm needs), the rest of the state held fixed."""
         trainable_values, non_trainable_values, metrics_values, optimizer_values = (list(s) for s in state)
         for (kind, index), value in zip(places, wanted):
             (trainable_values if kind == 0 else non_trainable_values)[index] = value
         for index, value in zip(others, others_values):
             trainable_values[index] = value
         model = model_ref()
+        if probed is not None:
+            return probed.loss(
+                model,
+                backend,
+                (trainable_values, non_trainable_values, metrics_values, optimizer_values),
+                wanted[len(places) :],
+                x,
+                y,
+                sample_weight,
+                training,
+            )
         loss, (unscaled_loss, *_) = model.compute_loss_and_updates(
             trainable_values,
             non_trainable_values,
@@ -160,7 +172,7 @@ def _build(model_ref: ModelRef, backend: Any, request: Request) -> Built:
     def step(*state_and_batch: Any) -> Tuple[List[Any], Any, Any]:
         model = model_ref()
         state, (x, y, sample_weight) = state_and_batch[:4], state_and_batch[4:]
-        wanted = [state[kind][index] for kind, index in places]
+        wanted = _wanted(state, x)
         others_values = [state[0][i] for i in others]
         optimizer_values = state[3]
         (wanted_grads, others_grads), unscaled_loss = jax.grad(scaled_loss, argnums=(0, 1), has_aux=True)(
@@ -173,23 +185,159 @@ def _build(model_ref: ModelRef, backend: Any, request: Request) -> Built:
             loss_scale = model.optimizer.scale_loss(1.0)
             if clip:
                 updated = [i for i, (kind, _) in enumerate(places) if kind == 0] + list(
-                    range(len(places), len(grads))
+                    range(len(wanted), len(grads))
                 )
                 clipped = keras3_optimizer.inner(model.optimizer)._clip_gradients([grads[i] for i in updated])
                 for i, g in zip(updated, clipped):
                     grads[i] = g
-        return grads[: len(places)], unscaled_loss, loss_scale
+        return grads[: len(wanted)], unscaled_loss, loss_scale
+
+    def _wanted(state: Any, x: Any) -> List[Any]:
+        """The wanted variables' values, then a zero probe per wanted tensor."""
+        values = [state[kind][index] for kind, index in places]
+        return values + (probed.zeros(model_ref(), backend, state, x, training) if probed is not None else [])
 
     found: List[List[bool]] = []  # which wanted variables the loss reads, from the first call's arguments
 
     def connected(*state_and_batch: Any) -> List[bool]:
         if not found:
             state, (x, y, sample_weight) = state_and_batch[:4], state_and_batch[4:]
-            wanted = [state[kind][index] for kind, index in places]
+            wanted = _wanted(state, x)
             found.append(_read_inputs(scaled_loss, wanted, state, x, y, sample_weight))
         return found[0]
 
     return Built(jax.jit(step), connected)
+
+
+class _Probed:
+    """The step's forward pass through the model's extraction view (its layers: inputs -> wanted
+    tensors + outputs) with a zero probe added to each wanted tensor as it is computed: the loss's
+    gradient with respect to a probe is its gradient with respect to the tensor (jax.grad takes no
+    tensor computed inside the function it differentiates).
+
+    A probe goes where its tensor is made: on a model input, or on the output of the one call of the
+    layer that made it (a layer called more than once in the graph is refused: the call could not be
+    told apart).
+    """
+
+    def __init__(self, model: Model, flavour: Flavour, tensors: Sequence[Any]):
+        self.count = len(tensors)
+        self.outputs = output_structure(model)
+        self.view = extraction_view(model, model_class(model), tuple(tensors), flatten(self.outputs))
+        self.operation_fn = _paths.load(flavour.root, "functional").operation_fn
+        inputs = {id(t): i for i, t in enumerate(self.view.inputs)}
+        calls: Dict[int, int] = {}
+        for nodes in self.view._nodes_by_depth.values():
+            for node in nodes:
+                calls[id(node.operation)] = calls.get(id(node.operation), 0) + 1
+        # Per wanted tensor: ("input", input index) or (its layer, which of the layer's outputs).
+        self.places: List[Tuple[Any, int]] = []
+        for tensor in tensors:
+            if id(tensor) in inputs:
+                self.places.append(("input", inputs[id(tensor)]))
+                continue
+            layer, _, index = tensor._keras_history
+            if calls.get(id(layer), 0) != 1:
+                raise UnsupportedModelError(
+                    f"params: {layer.name!r} is called {calls.get(id(layer), 0)} times in the model's graph, "
+                    "and on JAX compatgrad takes the output of a layer called once; ask for its variables"
+                )
+            self.places.append((layer, index))
+
+    def zeros(self, model: Model, backend: Any, state: Any, x: Any, training: bool) -> List[Any]:
+        """A zero per wanted tensor, of its shape and dtype (an integer input's: never added, no gradient)."""
+        mapping = _variables_state(model, state[0], state[1])
+        with backend.StatelessScope(state_mapping=mapping):
+            specs = jax.eval_shape(lambda x: self._forward(x, None, training)[0], x)
+        return [
+            jax.numpy.zeros(spec.shape, spec.dtype)
+            if jax.numpy.issubdtype(spec.dtype, jax.numpy.floating)
+            else jax.numpy.zeros((), "float32")
+            for spec in specs
+        ]
+
+    def loss(
+        self,
+        model: Model,
+        backend: Any,
+        state: State,
+        probes: List[Any],
+        x: Any,
+        y: Any,
+        sample_weight: Any,
+        training: bool,
+    ) -> Tuple[Any, Any]:
+        """(scaled loss, loss), as ``compute_loss_and_updates`` computes them, the forward pass probed."""
+        trainable_values, non_trainable_values, metrics_values, optimizer_values = state
+        mapping = _variables_state(model, trainable_values, non_trainable_values)
+        with backend.StatelessScope(state_mapping=mapping, collect_losses=True):
+            _, y_pred = self._forward(x, probes, training)
+            losses = model.losses
+        if losses:  # the forward pass's add_loss losses, as compute_loss_and_updates hands them on
+            model._losses_override = losses
+        try:
+            loss, _ = model.stateless_compute_loss(
+                trainable_values,
+                non_trainable_values,
+                metrics_values,
+                x=x,
+                y=y,
+                y_pred=y_pred,
+                sample_weight=sample_weight,
+                training=training,
+            )
+        finally:
+            if losses:
+                model._losses_override = []
+        with _optimizer_state(backend, model, optimizer_values):
+            return model.optimizer.scale_loss(loss), loss
+
+    def _forward(self, x: Any, probes: Optional[List[Any]], training: bool) -> Tuple[List[Any], Any]:
+        """(the wanted tensors as computed, y_pred), ``probes`` added to the tensors (None: nothing)."""
+        flat_x = list(self.view._standardize_inputs(x))
+        added: Dict[int, List[Tuple[int, Any]]] = {}  # per layer: (its output's index, probe)
+        for (where, index), probe in zip(self.places, probes or [None] * self.count):
+            if where == "input":
+                if probe is not None and jax.numpy.issubdtype(flat_x[index].dtype, jax.numpy.floating):
+                    flat_x[index] = flat_x[index] + probe
+            elif probe is not None:
+                added.setdefault(id(where), []).append((index, probe))
+
+        def operation(layer: Any) -> Callable[..., Any]:
+            call = self.operation_fn(layer, training=training)
+            if id(layer) not in added:
+                return call
+
+            def probed(*args: Any, **kwargs: Any) -> Any:
+                outputs = call(*args, **kwargs)
+                flat = flatten(outputs)
+                for index, probe in added[id(layer)]:
+                    flat[index] = flat[index] + probe
+                return flat[0] if not isinstance(outputs, (list, tuple)) else type(outputs)(flat)
+
+            return probed
+
+        flat = list(self.view._run_through_graph(flat_x, operation_fn=operation))
+        tensors = [flat_x[i] if where == "input" else t for (where, i), t in zip(self.places, flat)]
+        return tensors, _packed(self.outputs, flat[self.count :])
+
+
+def _packed(structure: Any, flat: List[Any]) -> Any:
+    """``flat`` nested as ``structure`` (lists and tuples, as ``sources.output_structure`` gives it)."""
+    leaves = iter(flat)
+
+    def pack(node: Any) -> Any:
+        if isinstance(node, (list, tuple)):
+            return type(node)(pack(child) for child in node)
+        return next(leaves)
+
+    return pack(structure)
+
+
+def _variables_state(model: Model, trainable_values: List[Any], non_trainable_values: List[Any]) -> List[Any]:
+    return list(zip(model.trainable_variables, trainable_values)) + list(
+        zip(model.non_trainable_variables, non_trainable_values)
+    )
 
 
 def _place(variable: Any, trainable: Sequence[Any], non_trainable: Sequence[Any]) -> Tuple[int, int]:
@@ -215,8 +363,9 @@ def _read_inputs(scaled_loss: Callable[..., Any], wanted: List[Any], *rest: Any)
     """Which of ``wanted`` the loss reads, followed back from the loss through its traced program.
 
     ``jax.grad`` gives an unread variable zeros (and the step applies them); compatgrad calls it
-    unconnected, as it does on TensorFlow. An operation with a program inside (a loop, a condition)
-    counts as reading every input it takes, so nothing the loss reads is ever called unconnected.
+    unconnected, as it does on TensorFlow, and so is a value the loss reads only through integers.
+    An operation with a program inside (a loop, a condition) counts as reading every input it takes,
+    so nothing the loss reads is ever called unconnected.
     """
     program = jax.make_jaxpr(scaled_loss)(wanted, [], *rest).jaxpr
     loss = program.outvars[0]
@@ -227,5 +376,11 @@ def _read_inputs(scaled_loss: Callable[..., Any], wanted: List[Any], *rest: Any)
     read = {loss}
     for equation in reversed(program.eqns):
         if any(v in read for v in equation.outvars):
-            read.update(v for v in equation.invars if not hasattr(v, "val"))  # a literal holds a val
+            # A literal holds a val; an integer value carries no gradient (an Embedding's indices, a
+            # float input cast to them: TensorFlow too calls it unconnected).
+            read.update(
+                v
+                for v in equation.invars
+                if not hasattr(v, "val") and jax.numpy.issubdtype(v.aval.dtype, jax.numpy.inexact)
+            )
     return [v in read for v in program.invars[: len(wanted)]]

@@ -19,8 +19,8 @@ from . import _paths, arguments, data, sources
 from ._types import Model
 from .api import as_output, handle_unconnected, zeros_shape
 from .arrays import SparseGradient, numpy_dtype
-from .backends import Request, engine_for, require_tensorflow
-from .detect import Flavour, flavour_of
+from .backends import Request, engine_for, per_example_engine
+from .detect import Flavour, flavour_of, keras3_backend
 from .errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
 
 # Layers whose output for one example depends on the others' in training, or that draw random numbers
@@ -82,7 +82,7 @@ def per_example_gradients(
     (BatchNormalization, Dropout, ...). ``return_info=True`` adds a ``PerExampleInfo``.
     """
     flavour = flavour_of(model)
-    require_tensorflow(flavour.root, "per_example_gradients")
+    split = per_example_engine(flavour.root)  # the engine that splits a batch's gradient into examples
     arguments.check_compiled(model, flavour.custom_step, losses_listed=flavour.name != "keras3")
     training = arguments.check_learning_phase(learning_phase)
     unconnected = arguments.check_unconnected(unconnected)
@@ -117,7 +117,7 @@ def per_example_gradients(
         request = Request(
             wanted.variables, (), training, False, class_weight, bool(sparse), output_grads=True
         )
-        one = _one_batch(model, flavour, engine, request, batch, mode, vectors, chunk_size)
+        one = _one_batch(model, flavour, engine, split, request, batch, mode, vectors, chunk_size)
         parts.append(one.results)
         examples += one.size
         paths = {wanted.names[i]: path for i, path in one.paths.items()}
@@ -157,15 +157,15 @@ def _one_batch(
     model: Model,
     flavour: Flavour,
     engine: Any,
+    split: Any,
     request: Request,
     batch: arguments.Batch,
     mode: str,
     vectors: List[Any],
     chunk_size: Optional[int],
 ) -> _Batch:
-    """One batch of the step: its gradients and output gradients from the engine, then per example."""
-    from .backends import _per_example
-
+    """One batch of the step: its gradients and output gradients from the engine, then per example
+    (``split``: the per-example engine, ``backends.per_example_engine``)."""
     result = engine.gradients(model, flavour, request, batch)
     count = len(request.variables)
     batch_grads, output_grads = result.grads[:count], result.grads[count:]
@@ -177,29 +177,29 @@ def _one_batch(
             cotangents.append(output_grad if output_grad is not None else logits_grad)
     connected = [i for i, g in enumerate(batch_grads) if g is not None]
     variables = tuple(request.variables[i] for i in connected)
-    plan = _per_example.Plan(
+    plan = split.Plan(
         variables,
         tuple(kinds),
         mode,
         tuple(isinstance(batch_grads[i], SparseGradient) for i in connected),
         request.training,
-        _per_example.ghosts(model, variables) if mode != "gradients" else (),
+        split.ghosts(model, variables) if mode != "gradients" else (),
     )
     eager = not flavour.graph  # else the graph engine ran
-    run = _per_example.runner(model, flavour, plan, eager)
-    x = _per_example.model_inputs(model, flavour, batch, eager)
+    run = split.runner(model, flavour, plan, eager)
+    x = split.model_inputs(model, flavour, batch, eager)
     size = int(batch.size or 0)
     scale = float(result.loss_scale)
     unscaled = None if scale == 1.0 else scale  # None: no loss scaling to take gradients at
 
-    through_outputs = run.batch(_per_example.Inputs(x, cotangents, unscaled, [], []))
+    through_outputs = run.batch(split.Inputs(x, cotangents, unscaled, [], []))
     dense = [_dense(batch_grads[i]) for i in connected]
     shared = [_share(g, o, size) for g, o in zip(dense, through_outputs)]
     chunk = chunk_size or size
     pieces = []
     for start in range(0, size, chunk):
-        inputs = _per_example.Inputs(
-            _per_example.rows(x, start, start + chunk),
+        inputs = split.Inputs(
+            split.rows(x, start, start + chunk),
             [c[start : start + chunk] for c in cotangents],
             unscaled,
             shared,
@@ -219,7 +219,7 @@ def _one_batch(
         ]
     results: List[Any] = [None] * count
     paths: Dict[int, str] = {}
-    ghosted = set(_per_example.ghosted(plan))
+    ghosted = set(split.ghosted(plan))
     for k, i in enumerate(connected):
         results[i] = per_variable[k]
         paths[i] = "ghost" if k in ghosted else run.paths.get("path", "vectorized")
@@ -306,9 +306,14 @@ def _check_chunk_size(chunk_size: Any) -> None:
         raise InvalidArgumentError("chunk_size", "None or a positive number of examples", repr(chunk_size))
 
 
+def _strategy_of(model: Model) -> Any:
+    from .backends._distribute import strategy_of  # imports TensorFlow
+
+    return strategy_of(model)
+
+
 def _check_model(model: Model, flavour: Flavour, training: bool) -> None:
     """Refuse what per-example gradients cannot be taken of, before anything runs."""
-    from .backends._distribute import strategy_of
     from .backends._layers import all_layers, layer_states
 
     if flavour.custom_step:
@@ -316,7 +321,7 @@ def _check_model(model: Model, flavour: Flavour, training: bool) -> None:
             "model: overrides train_step, whose loss compatgrad cannot split into examples' shares; "
             "per-example gradients follow the default train_step's loss (get_gradients takes your step's)"
         )
-    if strategy_of(model) is not None:
+    if keras3_backend(flavour.root) in (None, "tensorflow") and _strategy_of(model) is not None:
         raise UnsupportedModelError(
             "model: built under a distribution strategy; per-example gradients run on one device "
             "(build the model outside the strategy's scope)"

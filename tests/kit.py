@@ -642,9 +642,15 @@ FEATURES_BUILT_ON_TENSORFLOW = Capability(
     name="features built on TensorFlow's engines",
     missing_in=lambda cell: cell.backend != "tensorflow",
     reason=(
-        "models that override train_step, per_example_gradients, symbolic_gradients, GradientLogger and "
-        "apply_gradients run on Keras 3's TensorFlow backend: compatgrad refuses them on JAX and PyTorch"
+        "models that override train_step, symbolic_gradients, GradientLogger and apply_gradients run on "
+        "Keras 3's TensorFlow backend: compatgrad refuses them on JAX and PyTorch"
     ),
+    raises=UnsupportedModelError,
+)
+PER_EXAMPLE_GRADIENTS = Capability(
+    name="per_example_gradients",
+    missing_in=lambda cell: cell.backend == "torch",
+    reason="built on TensorFlow (vectorized_map) and JAX (vmap), not yet on PyTorch: refused there",
     raises=UnsupportedModelError,
 )
 OUTPUTS_OF_A_SHARED_LAYER = Capability(
@@ -689,6 +695,7 @@ CAPABILITIES = [
     TF_KERAS_NEXT_TO_KERAS3,
     TENSORFLOW,
     FEATURES_BUILT_ON_TENSORFLOW,
+    PER_EXAMPLE_GRADIENTS,
     OUTPUTS_OF_A_SHARED_LAYER,
     SPARSE_GRADIENTS,
 ]

@@ -280,11 +280,10 @@ def test_function_installed_after_the_weight_feeds_is_kept_on_weighted_calls():
 
 
 def _features_built_on_tensorflow():
-    from compatgrad import apply_gradients, per_example_gradients, symbolic_gradients
+    from compatgrad import apply_gradients, symbolic_gradients
     from compatgrad.callbacks import GradientLogger
 
     return {
-        "per_example_gradients": lambda model: per_example_gradients(model, X, Y),
         "symbolic_gradients": lambda model: symbolic_gradients(model, X, Y),
         "GradientLogger": lambda model: model.fit(X, Y, callbacks=[GradientLogger()], verbose=0),
         "apply_gradients": lambda model: apply_gradients(
@@ -300,6 +299,15 @@ def test_features_built_on_tensorflow_run_there_only(feature):
     """Where they run, they run on this model; on another backend each raises before touching it."""
     model = compiled()
     _features_built_on_tensorflow()[feature](model)
+
+
+@kit.PER_EXAMPLE_GRADIENTS.needed
+@pytest.mark.skipif(kit.GRAPH, reason="as test_features_built_on_tensorflow_run_there_only")
+def test_per_example_gradients_run_where_an_engine_splits_them():
+    """Where they run, they run on this model (test_per_example checks their values); torch refuses them."""
+    from compatgrad import per_example_gradients
+
+    per_example_gradients(compiled(), X, Y)
 
 
 @pytest.mark.skipif(kit.BACKEND == "tensorflow", reason="TensorFlow's custom steps run: test_custom_step")

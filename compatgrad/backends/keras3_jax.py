@@ -69,8 +69,12 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
     )
     linked = built.connected(*arguments)
     grads, loss, loss_scale = built.step(*arguments)
+    found = [np.array(g) if read else None for g, read in zip(grads, linked)]
+    if request.output_grads:  # per flat output (its gradient, its logits'): no logits on JAX
+        count = len(request.variables) + len(request.tensors)
+        found = found[:count] + [g for output in found[count:] for g in (output, None)]
     return Result(
-        [np.array(g) if read else None for g, read in zip(grads, linked)],
+        found,
         loss,
         loss_scale,
         applies_update=keras3_optimizer.applies_update(model.optimizer),
@@ -117,7 +121,11 @@ def _step(model: Model, flavour: Flavour, backend: Any, request: Request, traina
 def _build(model_ref: ModelRef, flavour: Flavour, backend: Any, request: Request) -> Built:
     model = model_ref()
     training = request.training
-    probed = _Probed(model, flavour, request.tensors) if request.tensors else None
+    probed = (
+        _Probed(model, flavour, request.tensors, request.output_grads)
+        if request.tensors or request.output_grads
+        else None
+    )
     trainable = list(model.trainable_variables)
     non_trainable = list(model.non_trainable_variables)
     # Each wanted variable's place in the step's state: (0, i) trainable, (1, i) non-trainable.
@@ -210,45 +218,40 @@ def _build(model_ref: ModelRef, flavour: Flavour, backend: Any, request: Request
 
 
 class _Probed:
-    """The step's forward pass through the model's extraction view (its layers: inputs -> wanted
-    tensors + outputs) with a zero probe added to each wanted tensor as it is computed: the loss's
-    gradient with respect to a probe is its gradient with respect to the tensor (jax.grad takes no
-    tensor computed inside the function it differentiates).
+    """The step's forward pass with a zero probe added to each wanted tensor as it is computed, and
+    (``output_grads``) to each of the model's flat outputs: the loss's gradient with respect to a probe
+    is its gradient with respect to the tensor (jax.grad takes no tensor computed inside the function
+    it differentiates).
 
-    A probe goes where its tensor is made: on a model input, or on the output of the one call of the
-    layer that made it (a layer called more than once in the graph is refused: the call could not be
-    told apart).
+    Wanted tensors are taken through the model's extraction view (its layers: inputs -> tensors +
+    outputs). A probe goes where its tensor is made: on a model input, or on the output of the one call
+    of the layer that made it (a layer called more than once in the graph is refused: the call could
+    not be told apart).
     """
 
-    def __init__(self, model: Model, flavour: Flavour, tensors: Sequence[Any]):
+    def __init__(self, model: Model, flavour: Flavour, tensors: Sequence[Any], output_grads: bool):
         self.count = len(tensors)
-        self.outputs = output_structure(model)
-        self.view = extraction_view(model, model_class(model), tuple(tensors), flatten(self.outputs))
+        self.output_grads = output_grads
         self.operation_fn = _paths.load(flavour.root, "functional").operation_fn
-        inputs = {id(t): i for i, t in enumerate(self.view.inputs)}
-        calls: Dict[int, int] = {}
-        for nodes in self.view._nodes_by_depth.values():
-            for node in nodes:
-                calls[id(node.operation)] = calls.get(id(node.operation), 0) + 1
+        self.view: Any = None
         # Per wanted tensor: ("input", input index) or (its layer, which of the layer's outputs).
         self.places: List[Tuple[Any, int]] = []
-        for tensor in tensors:
-            if id(tensor) in inputs:
-                self.places.append(("input", inputs[id(tensor)]))
-                continue
-            layer, _, index = tensor._keras_history
-            if calls.get(id(layer), 0) != 1:
-                raise UnsupportedModelError(
-                    f"params: {layer.name!r} is called {calls.get(id(layer), 0)} times in the model's graph, "
-                    "and on JAX compatgrad takes the output of a layer called once; ask for its variables"
-                )
-            self.places.append((layer, index))
+        if tensors:
+            self.outputs = output_structure(model)
+            self.view = extraction_view(model, model_class(model), tuple(tensors), flatten(self.outputs))
+            self.places = _places(self.view, tensors)
 
     def zeros(self, model: Model, backend: Any, state: Any, x: Any, training: bool) -> List[Any]:
-        """A zero per wanted tensor, of its shape and dtype (an integer input's: never added, no gradient)."""
+        """A zero per probe, of its tensor's shape and dtype (an integer input's: never added, so no
+        gradient)."""
         mapping = _variables_state(model, state[0], state[1])
+
+        def probed(x: Any) -> List[Any]:
+            tensors, y_pred = self._forward(model, x, None, training)
+            return tensors + (jax.tree_util.tree_leaves(y_pred) if self.output_grads else [])
+
         with backend.StatelessScope(state_mapping=mapping):
-            specs = jax.eval_shape(lambda x: self._forward(x, None, training)[0], x)
+            specs = jax.eval_shape(probed, x)
         return [
             jax.numpy.zeros(spec.shape, spec.dtype)
             if jax.numpy.issubdtype(spec.dtype, jax.numpy.floating)
@@ -271,7 +274,7 @@ class _Probed:
         trainable_values, non_trainable_values, metrics_values, optimizer_values = state
         mapping = _variables_state(model, trainable_values, non_trainable_values)
         with backend.StatelessScope(state_mapping=mapping, collect_losses=True):
-            _, y_pred = self._forward(x, probes, training)
+            _, y_pred = self._forward(model, x, probes, training)
             losses = model.losses
         if losses:  # the forward pass's add_loss losses, as compute_loss_and_updates hands them on
             model._losses_override = losses
@@ -292,11 +295,27 @@ class _Probed:
         with _optimizer_state(backend, model, optimizer_values):
             return model.optimizer.scale_loss(loss), loss
 
-    def _forward(self, x: Any, probes: Optional[List[Any]], training: bool) -> Tuple[List[Any], Any]:
-        """(the wanted tensors as computed, y_pred), ``probes`` added to the tensors (None: nothing)."""
+    def _forward(
+        self, model: Model, x: Any, probes: Optional[List[Any]], training: bool
+    ) -> Tuple[List[Any], Any]:
+        """(the wanted tensors as computed, y_pred), ``probes`` added (None: nothing added)."""
+        tensor_probes = probes[: self.count] if probes is not None else [None] * self.count
+        tensors: List[Any] = []
+        if self.view is None:
+            kwargs = {"training": training} if model._call_has_training_arg else {}
+            y_pred = model.call(x, **kwargs)
+        else:
+            tensors, y_pred = self._through_view(x, tensor_probes, training)
+        if probes is not None and self.output_grads:
+            leaves, structure = jax.tree_util.tree_flatten(y_pred)
+            added = [leaf + probe for leaf, probe in zip(leaves, probes[self.count :])]
+            y_pred = jax.tree_util.tree_unflatten(structure, added)
+        return tensors, y_pred
+
+    def _through_view(self, x: Any, probes: List[Any], training: bool) -> Tuple[List[Any], Any]:
         flat_x = list(self.view._standardize_inputs(x))
         added: Dict[int, List[Tuple[int, Any]]] = {}  # per layer: (its output's index, probe)
-        for (where, index), probe in zip(self.places, probes or [None] * self.count):
+        for (where, index), probe in zip(self.places, probes):
             if where == "input":
                 if probe is not None and jax.numpy.issubdtype(flat_x[index].dtype, jax.numpy.floating):
                     flat_x[index] = flat_x[index] + probe
@@ -320,6 +339,28 @@ class _Probed:
         flat = list(self.view._run_through_graph(flat_x, operation_fn=operation))
         tensors = [flat_x[i] if where == "input" else t for (where, i), t in zip(self.places, flat)]
         return tensors, _packed(self.outputs, flat[self.count :])
+
+
+def _places(view: Any, tensors: Sequence[Any]) -> List[Tuple[Any, int]]:
+    """Where each wanted tensor is made in ``view``: ("input", its index), or (the layer, which output)."""
+    inputs = {id(t): i for i, t in enumerate(view.inputs)}
+    calls: Dict[int, int] = {}
+    for nodes in view._nodes_by_depth.values():
+        for node in nodes:
+            calls[id(node.operation)] = calls.get(id(node.operation), 0) + 1
+    places: List[Tuple[Any, int]] = []
+    for tensor in tensors:
+        if id(tensor) in inputs:
+            places.append(("input", inputs[id(tensor)]))
+            continue
+        layer, _, index = tensor._keras_history
+        if calls.get(id(layer), 0) != 1:
+            raise UnsupportedModelError(
+                f"params: {layer.name!r} is called {calls.get(id(layer), 0)} times in the model's graph, "
+                "and on JAX compatgrad takes the output of a layer called once; ask for its variables"
+            )
+        places.append((layer, index))
+    return places
 
 
 def _packed(structure: Any, flat: List[Any]) -> Any:

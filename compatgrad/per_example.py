@@ -8,7 +8,8 @@ reduction, sample and class weights, multi-output loss weights; loss scaling und
 per-example gradients add up to ``get_gradients(..., clip=False)``. The part of the loss that is
 not any example's (``model.losses``: weight and activity regularization, ``add_loss`` terms; and
 whatever a ``compute_loss`` override adds besides its outputs' loss) is shared evenly: each
-example gets 1/batch of its gradient. How: ``backends._per_example``.
+example gets 1/batch of its gradient. How: ``backends._per_example`` (``_per_example_keras3`` on JAX
+and PyTorch).
 """
 
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union

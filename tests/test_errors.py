@@ -301,15 +301,6 @@ def test_features_built_on_tensorflow_run_there_only(feature):
     _features_built_on_tensorflow()[feature](model)
 
 
-@kit.PER_EXAMPLE_GRADIENTS.needed
-@pytest.mark.skipif(kit.GRAPH, reason="as test_features_built_on_tensorflow_run_there_only")
-def test_per_example_gradients_run_where_an_engine_splits_them():
-    """Where they run, they run on this model (test_per_example checks their values); torch refuses them."""
-    from compatgrad import per_example_gradients
-
-    per_example_gradients(compiled(), X, Y)
-
-
 @pytest.mark.skipif(kit.BACKEND == "tensorflow", reason="TensorFlow's custom steps run: test_custom_step")
 def test_a_model_that_overrides_train_step_is_refused_off_tensorflow():
     class OwnStep(kit.keras.Model):

@@ -10,9 +10,6 @@ import pytest
 import kit
 from compatgrad import SparseGradient, errors, get_gradients, per_example_gradients
 
-if kit.PER_EXAMPLE_GRADIENTS.missing:  # its refusal there: test_errors
-    pytest.skip(kit.PER_EXAMPLE_GRADIENTS.why, allow_module_level=True)
-
 keras, tf = kit.keras, kit.tf
 layers = keras.layers
 TOL = 1e-5
@@ -206,6 +203,7 @@ def float64():
         yield
 
 
+@kit.FLOAT64_MATMUL.needed
 @pytest.mark.parametrize("kind", ["conv1d", "lstm"])
 def test_float64_finite_differences(rng, float64, kind):
     """Example i's share is 1/N of the derivative of its own loss, the mean squared error of the

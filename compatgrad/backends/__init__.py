@@ -160,28 +160,26 @@ def _keras3(flavour: Flavour, eager: bool) -> Engine:
 
 def per_example_engine(root: str) -> Any:
     """The per-example engine for a model whose Keras lives under ``root``: ``_per_example``
-    (TensorFlow), ``_per_example_jax`` (Keras 3 on JAX); raises elsewhere."""
-    if keras3_backend(root) == "jax":
-        from . import _per_example_jax
+    (TensorFlow), ``_per_example_keras3`` (Keras 3 on JAX and PyTorch)."""
+    if keras3_backend(root) in ("jax", "torch"):
+        from . import _per_example_keras3
 
-        return _per_example_jax
-    require_tensorflow(root, "per_example_gradients", supported_also="JAX")
+        return _per_example_keras3
+    require_tensorflow(root, "per_example_gradients")
     from . import _per_example
 
     return _per_example
 
 
-def require_tensorflow(root: str, feature: str, argument: str = "model", supported_also: str = "") -> None:
+def require_tensorflow(root: str, feature: str, argument: str = "model") -> None:
     """Raise where ``feature``, built on TensorFlow's engines, meets Keras 3 on another backend.
 
-    ``root``: the module (or package root) of the class of ``argument`` (the model, an optimizer);
-    ``supported_also``: another backend the feature runs on, for the message.
+    ``root``: the module (or package root) of the class of ``argument`` (the model, an optimizer).
     """
     name = keras3_backend(root)
     if name not in (None, "tensorflow"):
-        where = "TensorFlow backend" + (f" and on its {supported_also} backend" if supported_also else "")
         raise UnsupportedModelError(
-            f"{argument}: {feature} runs on Keras 3's {where} (and on Keras 2), got the "
+            f"{argument}: {feature} runs on Keras 3's TensorFlow backend (and on Keras 2), got the "
             f"{name!r} backend; get_gradients runs there"
         )
 

@@ -3,7 +3,8 @@
 Plain attribute reads: no framework is imported, so every engine (TensorFlow's, JAX's) uses them.
 """
 
-from typing import Any, List
+import contextlib
+from typing import Any, Iterator, List
 
 from .. import versions
 from .._types import Model
@@ -50,3 +51,16 @@ def layer_states(model: Model) -> List[Any]:
                 seen.add(id(state))
                 states.append(state)
     return states
+
+
+@contextlib.contextmanager
+def losses_kept(model: Model) -> Iterator[None]:
+    """Every layer's ``add_loss`` losses of its last call, as they were: a call clears and refills
+    them (eager Keras 3 keeps them, torch's step included; a stateless call leaves them empty)."""
+    saved = [(layer, list(layer._losses)) for layer in all_layers(model) if hasattr(layer, "_losses")]
+    try:
+        yield
+    finally:
+        for layer, losses in saved:
+            layer._losses.clear()
+            layer._losses.extend(losses)

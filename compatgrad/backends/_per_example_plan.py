@@ -1,4 +1,4 @@
-"""What the per-example engines (``_per_example`` on TensorFlow, ``_per_example_jax``) are given and
+"""What the per-example engines (``_per_example`` on TensorFlow, ``_per_example_keras3``) are given and
 give back: one interface, no framework imported."""
 
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple

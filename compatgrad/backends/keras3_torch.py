@@ -28,7 +28,7 @@ from ..sources import extraction_view, flatten, output_structure
 from . import Request, Result
 from . import _keras3_optimizer as keras3_optimizer
 from ._keras3_loss import build_compiled_loss, compiled_loss, sample_weights
-from ._layers import layer_states
+from ._layers import layer_states, losses_kept
 
 
 def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) -> Result:
@@ -45,8 +45,10 @@ def gradients(model: Model, flavour: Flavour, request: Request, batch: Batch) ->
     wanted_ids = {id(v) for v in wanted}
     others = [v for v in model.trainable_variables if id(v) not in wanted_ids] if clip else []
 
-    with _written_back(model, request.training), _differentiable(wanted):
+    with _written_back(model, request.training), _differentiable(wanted), losses_kept(model):
         activations, y_pred = _forward(model, request, batch.x, backend, tree)
+        if request.output_grads:  # per flat output: it, and its logits where a crossentropy reads them
+            activations += [t for output in tree.flatten(y_pred) for t in (output, _logits(output))]
         loss = compiled_loss(model, batch.x, batch.y, y_pred, sample_weight, request.training)
         scaled_loss = model.optimizer.scale_loss(loss)
         grads = _gradients(scaled_loss, [v.value for v in wanted + others] + activations)
@@ -115,6 +117,11 @@ def _gradients(loss: Any, sources: List[Any]) -> List[Any]:
     for i, grad in zip(live, found):
         grads[i] = grad
     return grads
+
+
+def _logits(output: Any) -> Any:
+    """An output's logits, as Keras' crossentropies find them (``_keras_logits``); else the output."""
+    return getattr(output, "_keras_logits", output)
 
 
 def _watched(backend: Any, value: Any) -> Any:

@@ -29,7 +29,6 @@ class _Jax:
 
         self.jax = jax
         self.grad, self.vmap, self.compiled = jax.grad, jax.vmap, jax.jit
-        self.tree_map, self.leaves = jax.tree_util.tree_map, jax.tree_util.tree_leaves
 
     def values(self, variables: List[Any]) -> List[Any]:
         return [v.value for v in variables]
@@ -60,8 +59,6 @@ class _Torch:
         self.torch = torch
         self.grad, self.vmap = torch.func.grad, torch.func.vmap
         self.compiled = lambda function: function  # eager, as Keras' torch step
-        self.tree_map = lambda function, tree: torch.utils._pytree.tree_map(function, tree)
-        self.leaves = torch.utils._pytree.tree_leaves
 
     def values(self, variables: List[Any]) -> List[Any]:
         return [v.value.detach() for v in variables]
@@ -88,14 +85,18 @@ class _Torch:
 def runner(model: Model, flavour: Flavour, plan: Plan, eager: bool) -> Runner:
     """The plan's functions for this model, built once (and again on recompile)."""
     key = ("per example keras3", *plan.key())
-    framework = _Jax() if keras3_backend(flavour.root) == "jax" else _Torch()
-    convert = _paths.load(flavour.root, "backend").convert_to_tensor
-    return cached(
-        model,
-        key,
-        (model.optimizer,),
-        lambda: _build(weakref.ref(model), plan, framework, convert),
-    )
+
+    def build() -> Runner:
+        framework = _Jax() if keras3_backend(flavour.root) == "jax" else _Torch()
+        return _build(
+            weakref.ref(model),
+            plan,
+            framework,
+            _paths.load(flavour.root, "backend"),
+            _paths.load(flavour.root, "tree"),
+        )
+
+    return cached(model, key, (model.optimizer,), build)
 
 
 def ghosts(model: Model, variables: Any) -> tuple:
@@ -129,7 +130,8 @@ def rows(x: Any, start: int, stop: int) -> Any:
     return x[start:stop]
 
 
-def _build(model_ref: ModelRef, plan: Plan, framework: Any, convert: Callable[[Any], Any]) -> Runner:
+def _build(model_ref: ModelRef, plan: Plan, framework: Any, backend: Any, tree: Any) -> Runner:
+    """``backend``, ``tree``: Keras' modules (its ``convert_to_tensor``, its nested-structure functions)."""
     model = model_ref()
     trainable = list(model.trainable_variables)
     non_trainable = list(model.non_trainable_variables)
@@ -148,7 +150,7 @@ def _build(model_ref: ModelRef, plan: Plan, framework: Any, convert: Callable[[A
         outputs, _ = model_ref().stateless_call(trainable_values, non_trainable_values, x, **kwargs)
         read = [
             output if kind == "output" else framework.logits(output)
-            for output, kind in zip(framework.leaves(outputs), plan.kinds)
+            for output, kind in zip(tree.flatten(outputs), plan.kinds)
             if kind is not None  # an output without a loss
         ]
         dtype = "float64" if any("float64" in str(r.dtype) for r in read) else "float32"
@@ -168,7 +170,7 @@ def _build(model_ref: ModelRef, plan: Plan, framework: Any, convert: Callable[[A
 
     def one(state: Any, shared: List[Optional[Any]], vectors: List[Any], scale: Any) -> Callable[..., Any]:
         def example(x: Any, cotangents: List[Any]) -> List[Any]:
-            batch_of_one = framework.tree_map(lambda t: t[None], x)
+            batch_of_one = tree.map_structure(lambda t: t[None], x)
             grads = gradients(state, batch_of_one, [c[None] for c in cotangents], scale)
             results = []
             for i, grad in enumerate(grads):
@@ -195,7 +197,7 @@ def _build(model_ref: ModelRef, plan: Plan, framework: Any, convert: Callable[[A
 
     def arrays(value: Any) -> Any:
         """Numpy arrays (nested) as the framework's, on Keras' device."""
-        return framework.tree_map(convert, value)
+        return tree.map_structure(backend.convert_to_tensor, value)
 
     def scale(inputs: Inputs) -> Any:
         return framework.scalar(1.0 if inputs.scale is None else inputs.scale)
@@ -203,7 +205,7 @@ def _build(model_ref: ModelRef, plan: Plan, framework: Any, convert: Callable[[A
     def loop(state: Any, x: Any, cotangents: List[Any], scale: Any, shared: Any, vectors: Any) -> Any:
         example = one(state, shared, vectors, scale)
         results = [
-            example(framework.tree_map(lambda t, i=i: t[i], x), [c[i] for c in cotangents])
+            example(tree.map_structure(lambda t, i=i: t[i], x), [c[i] for c in cotangents])
             for i in range(len(cotangents[0]))
         ]
         return [framework.stack([r[k] for r in results]) for k in range(len(order))]

@@ -233,6 +233,7 @@ class _Probed:
         self.count = len(tensors)
         self.output_grads = output_grads
         self.operation_fn = _paths.load(flavour.root, "functional").operation_fn
+        self.tree = _paths.load(flavour.root, "tree")
         self.view: Any = None
         # Per wanted tensor: ("input", input index) or (its layer, which of the layer's outputs).
         self.places: List[Tuple[Any, int]] = []
@@ -248,7 +249,7 @@ class _Probed:
 
         def probed(x: Any) -> List[Any]:
             tensors, y_pred = self._forward(model, x, None, training)
-            return tensors + (jax.tree_util.tree_leaves(y_pred) if self.output_grads else [])
+            return tensors + (self.tree.flatten(y_pred) if self.output_grads else [])
 
         with backend.StatelessScope(state_mapping=mapping):
             specs = jax.eval_shape(probed, x)
@@ -307,9 +308,9 @@ class _Probed:
         else:
             tensors, y_pred = self._through_view(x, tensor_probes, training)
         if probes is not None and self.output_grads:
-            leaves, structure = jax.tree_util.tree_flatten(y_pred)
+            leaves = self.tree.flatten(y_pred)
             added = [leaf + probe for leaf, probe in zip(leaves, probes[self.count :])]
-            y_pred = jax.tree_util.tree_unflatten(structure, added)
+            y_pred = self.tree.pack_sequence_as(y_pred, added)
         return tensors, y_pred
 
     def _through_view(self, x: Any, probes: List[Any], training: bool) -> Tuple[List[Any], Any]:
@@ -338,7 +339,7 @@ class _Probed:
 
         flat = list(self.view._run_through_graph(flat_x, operation_fn=operation))
         tensors = [flat_x[i] if where == "input" else t for (where, i), t in zip(self.places, flat)]
-        return tensors, _packed(self.outputs, flat[self.count :])
+        return tensors, self.tree.pack_sequence_as(self.outputs, flat[self.count :])
 
 
 def _places(view: Any, tensors: Sequence[Any]) -> List[Tuple[Any, int]]:
@@ -361,18 +362,6 @@ def _places(view: Any, tensors: Sequence[Any]) -> List[Tuple[Any, int]]:
             )
         places.append((layer, index))
     return places
-
-
-def _packed(structure: Any, flat: List[Any]) -> Any:
-    """``flat`` nested as ``structure`` (lists and tuples, as ``sources.output_structure`` gives it)."""
-    leaves = iter(flat)
-
-    def pack(node: Any) -> Any:
-        if isinstance(node, (list, tuple)):
-            return type(node)(pack(child) for child in node)
-        return next(leaves)
-
-    return pack(structure)
 
 
 def _variables_state(model: Model, trainable_values: List[Any], non_trainable_values: List[Any]) -> List[Any]:

@@ -58,6 +58,26 @@ backend = keras.backend
 KERAS3 = keras.Model.__module__.endswith(".models.model")  # also tf.keras on TF >= 2.16
 
 
+def _full_float32_precision():
+    """float32 sums in full precision on a GPU too, as on a CPU (where this changes nothing).
+
+    On Ampere and later GPUs, JAX's float32 matmuls and convolutions and torch's cuDNN convolutions
+    default to TF32 (a 10-bit mantissa): two programs that sum the same products in another order then
+    differ by about 1e-5 (2.3e-5 seen on an H200 for JAX, issue 20), the parity tolerance itself. The
+    tests check that compatgrad computes the step's gradients, not how two TF32 programs round, so they
+    run at the precision where the same sums agree to float32 rounding.
+    """
+    if BACKEND == "jax":
+        importlib.import_module("jax").config.update("jax_default_matmul_precision", "highest")
+    elif BACKEND == "torch":
+        torch_backends = importlib.import_module("torch").backends
+        torch_backends.cuda.matmul.allow_tf32 = False  # torch's default since 1.12, set all the same
+        torch_backends.cudnn.allow_tf32 = False
+
+
+_full_float32_precision()
+
+
 def _optimizer_classes():
     """SGD classes that this cell's training step can use, by name."""
     classes = {}

@@ -21,6 +21,9 @@ import numpy as np
 from .errors import InvalidArgumentError
 
 LOG = logging.getLogger("compatgrad")
+# What a step logs, bits of the tap's switch (``backends._tap``): the norms, the update ratios (the weights
+# held across the update: the update then copies them first), the gradients themselves (copied out).
+NORMS, RATIOS, GRADS = 1, 2, 4
 
 
 class AnyKerasCallback:
@@ -68,10 +71,14 @@ class GradientLogger(AnyKerasCallback):
     ``model.optimizer.iterations`` as ``fit`` starts, so that nothing is read on the steps in between;
     with ``steps_per_execution`` above 1, the last step of an execution that reaches a multiple of
     ``every``) it appends to ``history`` a dict:
-    ``step``, ``global_norm``, ``norms`` and ``update_ratios`` by weight name (how far the update moved
-    the weight over its norm before, 0 for a weight that was all zeros), ``layer_norms`` by layer name,
-    ``alerts``, and every ``histograms_every`` steps ``histograms`` (weight name -> numpy's
-    ``(counts, bin_edges)``). With ``log_dir`` it writes the same to TensorBoard; ``on_gradients(step,
+    ``step``, ``global_norm``, ``norms`` by weight name, ``layer_norms`` by layer name, ``alerts``, and
+    every ``update_ratios_every`` steps ``update_ratios`` by weight name (how far the update moved the
+    weight over its norm before, 0 for a weight that was all zeros; else empty), every
+    ``histograms_every`` steps ``histograms`` (weight name -> numpy's ``(counts, bin_edges)``).
+    An update ratio costs the step a copy of each weight (held across the optimizer's in-place update)
+    and three passes over it, as much memory traffic as plain SGD's update and more: hence its cadence
+    of its own, every 10 steps unless ``update_ratios_every`` says otherwise (1: every logged step;
+    None: never). With ``log_dir`` it writes the same to TensorBoard; ``on_gradients(step,
     grads)`` gets the applied gradients as numpy arrays in ``model.trainable_weights``' order (None for a
     weight the step applied nothing to).
 
@@ -93,7 +100,7 @@ class GradientLogger(AnyKerasCallback):
     estimate (``NoiseScale``), every ``noise_scale_window`` steps, in ``noise.estimate`` and ``history``.
 
     The step itself computes each weight's squared norms (of its gradient, its update, the weight before
-    it) into one array the logger reads after the step; the gradients are copied out only where
+    it) into one array the logger reads after the step; the gradients are copied out only on the steps
     ``on_gradients`` or histograms need them.
     """
 
@@ -104,6 +111,7 @@ class GradientLogger(AnyKerasCallback):
         histograms_every: Optional[int] = None,
         on_gradients: Optional[Callable[[int, List[Optional[np.ndarray]]], Any]] = None,
         clip: bool = True,
+        update_ratios_every: Optional[int] = 10,
         vanishing: float = 1e-7,
         exploding: float = 1e3,
         noise_scale_batch_size: Optional[int] = None,
@@ -111,13 +119,18 @@ class GradientLogger(AnyKerasCallback):
         noise_scale_smoothing: float = 0.9,
     ):
         _check_every("every", every)
-        if histograms_every is not None:
-            _check_every("histograms_every", histograms_every)
+        for argument, cadence in (
+            ("histograms_every", histograms_every),
+            ("update_ratios_every", update_ratios_every),
+        ):
+            if cadence is not None:
+                _check_every(argument, cadence)
         if on_gradients is not None and not callable(on_gradients):
             raise InvalidArgumentError("on_gradients", "a function (step, grads) or None", repr(on_gradients))
         if not isinstance(clip, bool):
             raise InvalidArgumentError("clip", "True or False", repr(clip))
         self.log_dir, self.every, self.histograms_every = log_dir, every, histograms_every
+        self.update_ratios_every = update_ratios_every
         self.on_gradients, self.clip = on_gradients, clip
         self.vanishing, self.exploding = vanishing, exploding
         if noise_scale_batch_size is not None:
@@ -160,14 +173,14 @@ class GradientLogger(AnyKerasCallback):
         self.model = model
         self._training = False  # fit, evaluate or predict starts (fit's validation calls no set_model)
         if self._tap is None or self._tap.model_ref() is not model:
-            keep = self.on_gradients is not None or self.histograms_every is not None
             self._tap = Tap(
                 model,
                 flavour,
                 self.clip,
-                keep,
+                ratios=self.update_ratios_every is not None,
+                keep=self.on_gradients is not None or self.histograms_every is not None,
                 accumulate=self.noise.batch_size is not None,
-                gated=self.every > 1,
+                gates=self._gates(),
             )
             self.noise.replicas = self._tap.replicas
         if not self._tap.patched:
@@ -204,7 +217,7 @@ class GradientLogger(AnyKerasCallback):
         # A count that has not moved since is no step: one a loss scale skipped (its gradients overflow).
         self._logged = self._steps
         self._stride = 1  # the most steps a call of the train function ran (steps_per_execution)
-        self._tap.log_next(True)  # the first call, whatever its stride
+        self._tap.log_next(NORMS | RATIOS | GRADS)  # the first call, whatever its stride
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self._epoch_start = self._steps
@@ -214,14 +227,14 @@ class GradientLogger(AnyKerasCallback):
         self._tap.stepped()
         before, self._steps = self._steps, self._epoch_start + batch + 1
         step, self._stride = self._steps, max(self._steps - before, self._stride)
-        self._tap.log_next(self._due(step + self._stride, step, self.every))
+        self._tap.log_next(self._logs(step + self._stride, step))
         if not self._weights:  # a model its first step built
             self._describe(self.model)
         if self.noise.due(step):
             self.noise.update(step, *self._tap.sums_so_far(self._weights))
         if not self._due(step, before, self.every):
             return
-        histograms = self.histograms_every is not None and self._due(step, before, self.histograms_every)
+        histograms = self._due(step, before, self.histograms_every)
         record = self._tap.read(self._weights, with_grads=histograms or self.on_gradients is not None)
         if record.step is None or record.step == self._logged:  # no step wrote since the last read
             return
@@ -230,6 +243,8 @@ class GradientLogger(AnyKerasCallback):
         self._steps = self._logged = step = record.step
         names, grads = self._names, record.grads
         entry = _entry(step, names, record, self._layers, self._weights)
+        if not self._logs(step, before) & RATIOS:  # not due: taken only by fit's first call
+            entry["update_ratios"] = {}
         if self.noise.estimate is not None:
             entry["noise_scale"] = self.noise.estimate
         if histograms:
@@ -263,9 +278,28 @@ class GradientLogger(AnyKerasCallback):
     # --- What is logged ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _due(step: int, before: int, every: int) -> bool:
-        """Whether the steps after ``before`` up to ``step`` reach a multiple of ``every``."""
-        return step // every > before // every
+    def _due(step: int, before: int, every: Optional[int]) -> bool:
+        """Whether the steps after ``before`` up to ``step`` reach a multiple of ``every`` (None: never)."""
+        return every is not None and step // every > before // every
+
+    def _logs(self, step: int, before: int) -> int:
+        """What the steps after ``before`` up to ``step`` log (``NORMS``, ``RATIOS``, ``GRADS``)."""
+        if not self._due(step, before, self.every):
+            return 0
+        grads = self.on_gradients is not None or self._due(step, before, self.histograms_every)
+        return (
+            NORMS
+            | (RATIOS if self._due(step, before, self.update_ratios_every) else 0)
+            | (GRADS if grads else 0)
+        )
+
+    def _gates(self) -> int:
+        """The tap's bits that some steps log and others not (the tap tests those in the step)."""
+        return (
+            (NORMS if self.every > 1 else 0)
+            | (RATIOS if self.update_ratios_every not in (None, 1) else 0)
+            | (GRADS if self.on_gradients is None and self.histograms_every not in (None, 1) else 0)
+        )
 
     def _remove(self) -> None:
         if self._tap is not None:

@@ -119,12 +119,15 @@ def test_clip_false_logs_the_gradients_before_clipping(rng):
 
 
 @kit.UPDATES_READ_IN_THE_STEP.needed
-def test_update_ratios_are_how_far_each_step_moved_the_weights(rng):
+@pytest.mark.parametrize("every", [1, 2])
+def test_update_ratios_are_how_far_each_step_moved_the_weights(rng, every):
+    """Every step, or every other (the steps between take none: a switch the logger sets)."""
     model, twin = twins(lambda: kit.sgd(learning_rate=0.1, momentum=0.9))
     x, y = data(rng)
-    logger = GradientLogger()
+    logger = GradientLogger(update_ratios_every=every)
     fit(model, x, y, logger, epochs=1)
 
+    assert [entry["step"] for entry in logger.history] == list(range(1, STEPS + 1))
     for step, entry in zip(range(1, STEPS + 1), logger.history):
         before = kit.values(twin.trainable_weights)
         kit.train(twin, *batch(x, y, step))
@@ -132,7 +135,8 @@ def test_update_ratios_are_how_far_each_step_moved_the_weights(rng):
         ratios = [
             np.linalg.norm(a - b) / np.linalg.norm(b) if np.any(b) else 0.0 for a, b in zip(after, before)
         ]
-        assert list(entry["update_ratios"].values()) == pytest.approx(ratios, rel=1e-4)
+        expected = pytest.approx(ratios, rel=1e-4) if step % every == 0 else []
+        assert list(entry["update_ratios"].values()) == expected
 
 
 @kit.RACE_FREE_STEP.needed  # compared with a twin's train_on_batch
@@ -175,7 +179,7 @@ def test_every_logs_what_those_steps_apply(rng):
     model, twin = twins(kit.sgd)
     x, y = data(rng)
     collect = Collect()
-    logger = GradientLogger(every=3, on_gradients=collect)
+    logger = GradientLogger(every=3, on_gradients=collect, update_ratios_every=6)
     fit(model, x, y, logger)
 
     logged = list(range(3, 2 * STEPS + 1, 3))
@@ -191,7 +195,7 @@ def test_every_logs_what_those_steps_apply(rng):
         norms = [np.linalg.norm(g) for g in applied]
         assert list(entry["norms"].values()) == pytest.approx(norms, rel=1e-5)
         ratios = [n / np.linalg.norm(b) if np.any(b) else 0.0 for n, b in zip(norms, before)]
-        if kit.UPDATES_READ_IN_THE_STEP.missing:
+        if kit.UPDATES_READ_IN_THE_STEP.missing or step % 6:
             assert entry["update_ratios"] == {}
         else:
             assert list(entry["update_ratios"].values()) == pytest.approx(ratios, rel=1e-4)
@@ -251,6 +255,26 @@ def test_tensorboard_reads_back_the_scalars_and_histograms(rng, tmp_path):
     weights = [tag for tag in histograms if tag.startswith("gradients/") and tag != "gradients/global_norm"]
     assert len(weights) == len(model.trainable_weights)
     assert [e.step for e in events.Histograms(weights[0])] == [2, 4]
+
+
+@kit.RACE_FREE_STEP.needed  # compared with a twin's train_on_batch
+def test_histograms_are_of_what_their_steps_apply(rng):
+    """Every other step: the gradients are copied out on those steps only (a switch the logger sets)."""
+    model, twin = twins(kit.sgd)
+    x, y = data(rng)
+    logger = GradientLogger(histograms_every=2)
+    fit(model, x, y, logger, epochs=1)
+
+    names = list(logger.history[0]["norms"])
+    for step, entry in zip(range(1, STEPS + 1), logger.history):
+        applied = kit.train_step_delta(twin, *batch(x, y, step))
+        assert ("histograms" in entry) == (step % 2 == 0)
+        for name, grad in zip(names, applied):
+            if step % 2 == 0:
+                counts, edges = entry["histograms"][name]
+                expected_counts, expected_edges = np.histogram(grad, bins=30)
+                assert np.allclose(edges, expected_edges, rtol=1e-4, atol=1e-7)
+                assert counts.sum() == grad.size and np.abs(counts - expected_counts).sum() <= 2
 
 
 class OwnStep(keras.Model):
@@ -462,6 +486,7 @@ def test_a_fit_that_raises_leaves_the_model_as_it_was(rng, where):
     [
         ({"every": 0}, "every"),
         ({"histograms_every": 1.5}, "histograms_every"),
+        ({"update_ratios_every": 0}, "update_ratios_every"),
         ({"on_gradients": 3}, "on_gradients"),
     ],
 )

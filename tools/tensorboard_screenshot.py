@@ -5,11 +5,11 @@
         [--out docs/tensorboard.png] [--port 6123] [--chromium /usr/bin/chromium] [--log-dir DIR]
 
 Trains a small conv net on random data (3 epochs, 100 steps each) with
-``compatgrad.callbacks.GradientLogger(log_dir=<tmpdir>, histograms_every=20)``, starts TensorBoard on that
-log dir, takes a screenshot of its Scalars dashboard (``PAGE``) filtered to the gradient tags with headless
-Chromium, writes it to ``--out`` and stops TensorBoard. Needs TensorFlow with TensorBoard (the
-``py311-tf215`` tox env has both) and Chromium; run from the repository root so that the working copy's
-``compatgrad`` is the one imported.
+``compatgrad.callbacks.GradientLogger(log_dir=<tmpdir>, histograms_every=20, update_ratios_every=1)``,
+starts TensorBoard on that log dir, takes a screenshot of its Scalars dashboard (``PAGE``) filtered to
+the gradient tags with headless Chromium, writes it to ``--out`` and stops TensorBoard. Needs TensorFlow
+with TensorBoard (the ``py311-tf215`` tox env has both) and Chromium; run from the repository root so
+that the working copy's ``compatgrad`` is the one imported.
 """
 
 import argparse
@@ -95,7 +95,7 @@ def train(log_dir: str, epochs: int = 3, steps: int = 100, batch_size: int = 32)
         optimizer=tf.keras.optimizers.Adam(1e-3),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    logger = GradientLogger(log_dir=log_dir, histograms_every=20)
+    logger = GradientLogger(log_dir=log_dir, histograms_every=20, update_ratios_every=1)
     model.fit(x, y, batch_size=batch_size, epochs=epochs, callbacks=[logger], verbose=2)
 
 

@@ -5,8 +5,10 @@ that Keras does) into variables of its own, then applies as before.
 Nothing runs twice: the wrapper sees the gradients the step computed once. The update itself is the
 optimizer's own call on the step's own gradients, so training is bit for bit what it is without a tap.
 Per weight a logged step writes the squared norms of its gradient, of its update and of the weight
-before it, with the optimizer's count, into one (3, weights + 1) array, read in one go after the step;
-the gradients themselves only if asked for. The steps not logged do none of it (``_when_logged``).
+before it (the last two only on the steps its update ratios are taken), with the optimizer's count,
+into one (3, weights + 1) array, read in one go after the step; the gradients themselves only if asked
+for. What a step does not log it does not compute (``_when``: the logger sets ``flags`` before each
+step).
 
 Eager (tf.keras 2.2+, tf_keras, Keras 3): the train function is made again, traced with the wrapper, and
 dropped after ``fit``. Graph mode (TF 1.x, TF 2 graph mode, standalone Keras): ``fit`` has made its
@@ -25,6 +27,7 @@ import tensorflow as tf
 from .. import _paths
 from .._types import Model
 from ..arguments import name_of
+from ..callbacks import GRADS, NORMS, RATIOS
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, UnsupportedModelError
 from ._distribute import strategy_of
@@ -53,18 +56,21 @@ class Record:
 
 class Tap:
     """Installed on a model for one ``fit``: ``install`` as ``fit`` starts, ``read`` after a step,
-    ``remove`` when ``fit`` ends. ``keep``: also the gradients themselves, not only their norms;
-    ``accumulate``: also their running sum and the running sum of their squared norms (float64), every
-    step; ``gated``: the rest only on the steps ``log_next`` says are to be logged."""
+    ``remove`` when ``fit`` ends. ``ratios``: also how far the update moved each weight; ``keep``: also
+    the gradients themselves, not only their norms; ``accumulate``: also their running sum and the
+    running sum of their squared norms (float64), every step; ``gates``: the bits of what is logged
+    (``NORMS``, ``RATIOS``, ``GRADS``) that only some steps do, as ``log_next`` sets them (the others:
+    every step)."""
 
     def __init__(
         self,
         model: Model,
         flavour: Flavour,
         clip: bool,
+        ratios: bool,
         keep: bool,
         accumulate: bool = False,
-        gated: bool = False,
+        gates: int = 0,
     ):
         self.strategy = strategy_of(model)
         self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
@@ -95,8 +101,8 @@ class Tap:
         # Each replica's step is a batch of 1 / replicas of the one fit trains on.
         self.replicas = 1 if self.strategy is None else self.strategy.num_replicas_in_sync
         self.model_ref = weakref.ref(model)
-        self.clip, self.keep, self.accumulate, self.graph = clip, keep, accumulate, flavour.graph
-        self.gated = gated
+        self.clip, self.ratios, self.keep = clip, ratios, keep
+        self.accumulate, self.graph, self.gates = accumulate, flavour.graph, gates
         self.backend = _paths.load(flavour.root, "backend")
         self.patched: List[Tuple[Any, str]] = []  # (optimizer, the method wrapped)
         # graph mode: (the K.function fit calls, its own state and class)
@@ -106,17 +112,17 @@ class Tap:
         # graph mode: (optimizer, its slots as fit made them, (fit's, the tapped step's) pairs)
         self.slots: List[Tuple[Any, List[Any], Pairs]] = []
         self.index: Dict[int, int] = {}  # id(weight) -> its column
-        # (3, weights + 1), float64: -1 where the last logged step wrote nothing; the last column's
-        # first entry is the optimizer's count after that step
+        # (3, weights + 1), float64: -1 where the last logged step wrote nothing; the last column: the
+        # optimizer's count after that step, then 1 if it kept the gradients
         self.squares: Any = None
         self.grads: Dict[int, Any] = {}  # id(weight) -> its last gradient (``keep``)
         self.sums: Dict[int, Any] = {}  # id(weight) -> the sum of its gradients so far (``accumulate``)
         self.sum_of_squares: Any = None  # (``accumulate``) of every gradient's squared norm so far, steps
         # the step graphs that clear ``squares``, each with the replicas traced into it that do
         self.cleared: weakref.WeakKeyDictionary[Any, Set[int]] = weakref.WeakKeyDictionary()
-        self.logging: Any = None  # (``gated``) whether the next step is to be logged: a bool variable
-        self.logs_next: Optional[bool] = None  # its value, as last set
-        self.set_logging: Dict[bool, Any] = {}  # graph mode: the ops that set it
+        self.flags: Any = None  # (``gates``) what the next step logs: an int32 variable
+        self.flags_next: Optional[int] = None  # its value, as last set
+        self.set_flags: Tuple[Any, Any] = (None, None)  # graph mode: a placeholder, the op assigning it
 
     def install(self) -> None:
         model = self.model_ref()
@@ -130,8 +136,8 @@ class Tap:
             model._make_train_function()
         self.squares = None  # made by the first step traced: a model may build its weights there
         self.cleared = weakref.WeakKeyDictionary()
-        if self.gated and self.logging is None:
-            self._make_logging()
+        if self.gates and self.flags is None:
+            self._make_flags()
         for steps in every:
             self._patch(steps)
         fits = model.train_function
@@ -145,7 +151,7 @@ class Tap:
         tapped = model.train_function
         self._carry_slots(slots)
         session = self.backend.get_session()
-        created = [self.squares, self.logging, *self.grads.values(), *self.sums.values(), self.sum_of_squares]
+        created = [self.squares, self.flags, *self.grads.values(), *self.sums.values(), self.sum_of_squares]
         made = [v for v in created if v is not None and not _initialized(session, v)]
         session.run(tf.compat.v1.variables_initializer(made))
         # fit holds this one: it runs the tapped graph until remove
@@ -236,15 +242,17 @@ class Tap:
             self.remove()
             raise
 
-    def log_next(self, logged: bool) -> None:
-        """Whether the next step is to be logged (``gated``; set only when it changes)."""
-        if not self.gated or logged == self.logs_next:
+    def log_next(self, flags: int) -> None:
+        """What the next step is to log (bits: ``NORMS``, ``RATIOS``, ``GRADS``; set only where some
+        steps differ, and only when it changes)."""
+        if not self.gates or flags == self.flags_next:
             return
         if self.graph:
-            self.backend.get_session().run(self.set_logging[logged])
+            value, assign = self.set_flags
+            self.backend.get_session().run(assign, {value: flags})
         else:
-            self.logging.assign(logged)
-        self.logs_next = logged
+            self.flags.assign(flags)
+        self.flags_next = flags
 
     def read(self, weights: List[Any], with_grads: bool) -> Record:
         """What the last logged step wrote; ``with_grads``: the gradients too (if kept)."""
@@ -254,6 +262,8 @@ class Tap:
         values = self._own_values([self.squares] + [g for g in grads if g is not None])
         grad, moved, before = values[0].tolist()  # a few numbers each: faster as Python's
         step = int(grad[-1]) if grad[-1] >= 0 else None
+        if moved[-1] < 0:  # that step kept no gradients: those kept are an earlier step's
+            grads = []
         arrays = iter(values[1:])
         norms: List[Optional[float]] = []
         ratios: List[Optional[float]] = []
@@ -370,18 +380,20 @@ class Tap:
         ]
 
     def _before(self, pairs: Pairs) -> Optional[List[Any]]:
-        """The weights as they are before the update, on a step to be logged (the update runs after
-        these reads; on other steps they are empty), or None where a weight is a RefVariable: TF 1.x
+        """The weights as they are before the update, on a step that takes its update ratios (the
+        update runs after these reads), or None: no update ratios, or a weight is a RefVariable (TF 1.x
         reads one of those through a snapshot that the update overwrites in place, so how far it moved
-        cannot be read in the step."""
+        cannot be read in the step)."""
         variables = [v for _, v in pairs]
-        if not variables or any(type(v).__name__ == "RefVariable" for v in variables):
+        if not self.ratios or not variables or any(type(v).__name__ == "RefVariable" for v in variables):
             return None
-        return self._when_logged(
+        return self._when(
+            NORMS | RATIOS,
             lambda: [tf.identity(v) for v in variables],
-            # zeros of the same shape (XLA wants both branches alike): a fill, not a copy held
-            # across the update, which would make the update copy the weight first
-            lambda: [tf.zeros(v.shape, tf.as_dtype(v.dtype).base_dtype) for v in variables],
+            # On the other steps, of the same shape (XLA wants both branches alike) but not the weight,
+            # which held across the update would make the update copy it: its gradient where that is
+            # a tensor alike, else a fill.
+            lambda: [_alike(g, v) for g, v in pairs],
         )
 
     def _write(
@@ -394,11 +406,11 @@ class Tap:
         counter: Any,
     ) -> Any:
         """On a step to be logged, after ``updates``: every weight's squared norms into ``squares`` in
-        one write (its gradient's, how far the update moved it, its norm before; ``tf.nn.l2_loss``: one
-        op a norm) with ``counter``'s count (the optimizer that applies, inside a loss-scale one), and
-        the gradients themselves where kept. ``first`` (the
-        step's first optimizer): -1 everywhere before, so what no optimizer of the step writes reads as
-        nothing."""
+        one write (its gradient's; how far the update moved it and its norm before, on a step that
+        takes the update ratios) with ``counter``'s count (the optimizer that applies, inside a
+        loss-scale one), and the gradients themselves where kept (on a step that keeps them, which
+        the array says). ``first`` (the step's first optimizer): -1 everywhere before, so what no
+        optimizer of the step writes reads as nothing."""
         squares = self._squares()
         kept = [(self._kept(v), g) for (_, v), g in zip(pairs, applied)] if self.keep else []
         present = [(i, self.index[id(v)]) for i, (_, v) in enumerate(pairs) if id(v) in self.index]
@@ -407,23 +419,34 @@ class Tap:
 
         def write() -> Any:
             grads = _dense(applied)  # here: the steps not logged make no embedding's gradient dense
-            halves = [_half_square(grads[i]) for i, _ in present]
-            rows = [GRAD] * len(present)
+            rows, values = [GRAD] * len(present), [_squares_of([grads[i] for i, _ in present])]
             if before is not None:
-                moved = [tf.identity(pairs[i][1]) - before[i] for i, _ in present]
-                halves += [_half_square(m) for m in moved] + [_half_square(before[i]) for i, _ in present]
+                moved = lambda: [tf.identity(pairs[i][1]) - before[i] for i, _ in present]  # noqa: E731
                 rows += [MOVED] * len(present) + [BEFORE] * len(present)
-            columns = [column for _, column in present] * (len(rows) // len(present))
-            indices = [[row, column] for row, column in zip(rows, columns)] + [[GRAD, len(self.index)]]
+                values.append(
+                    self._when(
+                        RATIOS,
+                        lambda: _squares_of(moved() + [before[i] for i, _ in present]),
+                        lambda: _unwritten(2 * len(present)),
+                    )
+                )
+
+            def keep_grads() -> Any:  # copied, and a 1 to say so
+                with tf.control_dependencies([v.assign(tf.cast(g, v.dtype)) for v, g in kept]):
+                    return tf.ones([1], tf.float64)
+
+            kept_now = self._when(GRADS, keep_grads, lambda: _unwritten(1)) if kept else _unwritten(1)
             count = tf.cast(tf.convert_to_tensor(counter.iterations), tf.float64)
-            values = tf.concat([2 * tf.cast(tf.stack(halves), tf.float64), [count]], 0)
+            columns = [column for _, column in present] * (len(rows) // len(present))
+            rows, columns = rows + [GRAD, MOVED], columns + [len(self.index)] * 2
+            values += [[count], kept_now]
+            indices = tf.constant([[row, column] for row, column in zip(rows, columns)])
             # One write of the whole array (a replica's copy under a strategy has no scatter of its own).
             base = -tf.ones(squares.shape, tf.float64) if first else tf.convert_to_tensor(squares)
-            written = squares.assign(tf.tensor_scatter_nd_update(base, tf.constant(indices), values))
-            return tf.group(written, *[variable.assign(tf.cast(g, variable.dtype)) for variable, g in kept])
+            return tf.group(squares.assign(tf.tensor_scatter_nd_update(base, indices, tf.concat(values, 0))))
 
         with tf.control_dependencies(updates if self.graph else []):  # reads how far the update moved
-            return self._when_logged(write, tf.no_op)
+            return self._when(NORMS, write, tf.no_op)
 
     def _first_in_step(self, pairs: Pairs) -> bool:
         """Whether this optimizer call, writing some of the weights, is the first such of the step
@@ -443,22 +466,25 @@ class Tap:
         traced.add(replica)
         return first
 
-    def _when_logged(self, logged: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
-        """``logged()``, or on a step the logger reads nothing of, ``otherwise()`` (a ``tf.cond`` on
-        ``logging``, which the logger sets before each step; none where every step is logged)."""
-        if self.logging is None:
+    def _when(self, logs: int, logged: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
+        """``logged()`` on a step that logs all of ``logs`` (bits of ``flags``), else ``otherwise()``: a
+        ``tf.cond`` on ``flags``, which the logger sets before each step; none where every step does."""
+        gated = logs & self.gates
+        if not gated:
             return logged()
-        return tf.compat.v1.cond(tf.identity(self.logging), logged, otherwise, strict=True)
+        due = tf.equal(tf.bitwise.bitwise_and(tf.identity(self.flags), gated), gated)
+        return tf.compat.v1.cond(due, logged, otherwise, strict=True)
 
-    def _make_logging(self) -> None:
-        self.logs_next = True
+    def _make_flags(self) -> None:
+        self.flags_next = NORMS | RATIOS | GRADS
         if not self.graph:
             with tf.init_scope():
-                self.logging = tf.Variable(True, trainable=False)
+                self.flags = tf.Variable(self.flags_next, trainable=False, dtype=tf.int32)
             return
         with self.backend.get_session().graph.as_default():
-            self.logging = tf.Variable(True, trainable=False)
-            self.set_logging = {value: self.logging.assign(value) for value in (True, False)}
+            self.flags = tf.Variable(self.flags_next, trainable=False, dtype=tf.int32)
+            value = tf.compat.v1.placeholder(tf.int32, [])
+            self.set_flags = (value, self.flags.assign(value))
 
     def _squares(self) -> Any:
         """The (3, weights + 1) array, made when the first step is traced (or built), when the model's
@@ -507,9 +533,24 @@ def _dense(grads: List[Any]) -> List[Any]:
     return [tf.convert_to_tensor(g) for g in grads]
 
 
-def _half_square(value: Any) -> Any:
-    """Half the squared L2 norm, in float32 (mixed precision's float16 would overflow)."""
-    return tf.nn.l2_loss(value if value.dtype == tf.float32 else tf.cast(value, tf.float32))
+def _squares_of(values: List[Any]) -> Any:
+    """Their squared L2 norms, float64; ``tf.nn.l2_loss``, one op each, in float32 (mixed precision's
+    float16 would overflow)."""
+    halves = [tf.nn.l2_loss(v if v.dtype == tf.float32 else tf.cast(v, tf.float32)) for v in values]
+    return 2 * tf.cast(tf.stack(halves), tf.float64)
+
+
+def _unwritten(size: int) -> Any:
+    return -tf.ones([size], tf.float64)
+
+
+def _alike(grad: Any, variable: Any) -> Any:
+    """A tensor of the weight's shape and dtype that is not the weight: its gradient if that is one
+    (no work), else zeros."""
+    dtype = tf.as_dtype(variable.dtype).base_dtype
+    if isinstance(grad, tf.Tensor) and grad.dtype == dtype and grad.shape == variable.shape:
+        return grad
+    return tf.zeros(variable.shape, dtype)
 
 
 def _initialized(session: Any, variable: Any) -> bool:

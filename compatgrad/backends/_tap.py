@@ -419,17 +419,17 @@ class Tap:
 
         def write() -> Any:
             grads = _dense(applied)  # here: the steps not logged make no embedding's gradient dense
-            rows, values = [GRAD] * len(present), [_squares_of([grads[i] for i, _ in present])]
+            columns = [column for _, column in present]
+            cells, values = [(GRAD, c) for c in columns], [_squares_of([grads[i] for i, _ in present])]
             if before is not None:
-                moved = lambda: [tf.identity(pairs[i][1]) - before[i] for i, _ in present]  # noqa: E731
-                rows += [MOVED] * len(present) + [BEFORE] * len(present)
-                values.append(
-                    self._when(
-                        RATIOS,
-                        lambda: _squares_of(moved() + [before[i] for i, _ in present]),
-                        lambda: _unwritten(2 * len(present)),
-                    )
-                )
+
+                def moved_and_before() -> Any:
+                    weights = [before[i] for i, _ in present]
+                    moved = [tf.identity(pairs[i][1]) - b for (i, _), b in zip(present, weights)]
+                    return _squares_of(moved + weights)
+
+                cells += [(MOVED, c) for c in columns] + [(BEFORE, c) for c in columns]
+                values.append(self._when(RATIOS, moved_and_before, lambda: _unwritten(2 * len(present))))
 
             def keep_grads() -> Any:  # copied, and a 1 to say so
                 with tf.control_dependencies([v.assign(tf.cast(g, v.dtype)) for v, g in kept]):
@@ -437,13 +437,12 @@ class Tap:
 
             kept_now = self._when(GRADS, keep_grads, lambda: _unwritten(1)) if kept else _unwritten(1)
             count = tf.cast(tf.convert_to_tensor(counter.iterations), tf.float64)
-            columns = [column for _, column in present] * (len(rows) // len(present))
-            rows, columns = rows + [GRAD, MOVED], columns + [len(self.index)] * 2
+            cells += [(GRAD, len(self.index)), (MOVED, len(self.index))]
             values += [[count], kept_now]
-            indices = tf.constant([[row, column] for row, column in zip(rows, columns)])
             # One write of the whole array (a replica's copy under a strategy has no scatter of its own).
             base = -tf.ones(squares.shape, tf.float64) if first else tf.convert_to_tensor(squares)
-            return tf.group(squares.assign(tf.tensor_scatter_nd_update(base, indices, tf.concat(values, 0))))
+            written = tf.tensor_scatter_nd_update(base, tf.constant(cells), tf.concat(values, 0))
+            return tf.group(squares.assign(written))
 
         with tf.control_dependencies(updates if self.graph else []):  # reads how far the update moved
             return self._when(NORMS, write, tf.no_op)

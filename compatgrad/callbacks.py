@@ -21,9 +21,6 @@ import numpy as np
 from .errors import InvalidArgumentError
 
 LOG = logging.getLogger("compatgrad")
-# What a step logs, bits of the tap's switch (``backends._tap``): the norms, the update ratios (the weights
-# held across the update: the update then copies them first), the gradients themselves (copied out).
-NORMS, RATIOS, GRADS = 1, 2, 4
 
 
 class AnyKerasCallback:
@@ -67,10 +64,10 @@ class GradientLogger(AnyKerasCallback):
     applies (after loss-scale removal, aggregation and clipping: ``get_gradients``' contract) in
     variables this logger reads after the step. Training is bit for bit what it is without it.
 
-    Every ``every`` steps (a step: one batch ``fit`` trains on, counted on from
-    ``model.optimizer.iterations`` as ``fit`` starts, so that nothing is read on the steps in between;
-    with ``steps_per_execution`` above 1, the last step of an execution that reaches a multiple of
-    ``every``) it appends to ``history`` a dict:
+    Every ``every`` steps (a step: one batch ``fit`` trains on, counted as ``model.optimizer.iterations``
+    counts them: the steps logged are those whose count after them is a multiple of ``every``, which
+    the step itself tells, and nothing is read after the others; with ``steps_per_execution`` above 1,
+    the last of an execution's) it appends to ``history`` a dict:
     ``step``, ``global_norm``, ``norms`` by weight name, ``layer_norms`` by layer name, ``alerts``, and
     every ``update_ratios_every`` steps ``update_ratios`` by weight name (how far the update moved the
     weight over its norm before, 0 for a weight that was all zeros; else empty), every
@@ -155,7 +152,7 @@ class GradientLogger(AnyKerasCallback):
         self._names: List[str] = []
         self._layers: Dict[int, str] = {}
         self._alerted: set = set()
-        self._steps = self._epoch_start = self._stride = 0  # counted as fit trains
+        self._steps = self._epoch_start = 0  # counted as fit trains
         self._logged: Optional[int] = None  # the step of the last entry, or the count fit started at
 
     # --- Keras' hooks ---------------------------------------------------------------------------------
@@ -177,10 +174,10 @@ class GradientLogger(AnyKerasCallback):
                 model,
                 flavour,
                 self.clip,
-                ratios=self.update_ratios_every is not None,
-                keep=self.on_gradients is not None or self.histograms_every is not None,
+                every=self.every,
+                ratios_every=self.update_ratios_every,
+                grads_every=1 if self.on_gradients is not None else self.histograms_every,
                 accumulate=self.noise.batch_size is not None,
-                gates=self._gates(),
             )
             self.noise.replicas = self._tap.replicas
         if not self._tap.patched:
@@ -216,8 +213,6 @@ class GradientLogger(AnyKerasCallback):
         self._steps = self._epoch_start = int(self._tap.values([counter.iterations])[0])
         # A count that has not moved since is no step: one a loss scale skipped (its gradients overflow).
         self._logged = self._steps
-        self._stride = 1  # the most steps a call of the train function ran (steps_per_execution)
-        self._tap.log_next(NORMS | RATIOS | GRADS)  # the first call, whatever its stride
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self._epoch_start = self._steps
@@ -225,29 +220,27 @@ class GradientLogger(AnyKerasCallback):
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         """``batch``: the epoch's last batch the call trained on (with ``steps_per_execution``, its last)."""
         self._tap.stepped()
-        before, self._steps = self._steps, self._epoch_start + batch + 1
-        step, self._stride = self._steps, max(self._steps - before, self._stride)
-        self._tap.log_next(self._logs(step + self._stride, step))
+        before = self._steps
+        step = self._steps = self._epoch_start + batch + 1
         if not self._weights:  # a model its first step built
             self._describe(self.model)
         if self.noise.due(step):
             self.noise.update(step, *self._tap.sums_so_far(self._weights))
         if not self._due(step, before, self.every):
             return
-        histograms = self._due(step, before, self.histograms_every)
-        record = self._tap.read(self._weights, with_grads=histograms or self.on_gradients is not None)
-        if record.step is None or record.step == self._logged:  # no step wrote since the last read
+        with_grads = self.on_gradients is not None or self._due(step, before, self.histograms_every)
+        record = self._tap.read(self._weights, with_grads)
+        if record.now is not None:  # the count the steps reached: the host's may drift (an execution
+            self._epoch_start += record.now - step  # cut short, a step a loss scale skipped)
+            self._steps = record.now
+        if record.step is None or record.step == self._logged:  # no step logged since the last read
             return
-        # The count the step wrote: the host's may drift (an execution cut short, a skipped step).
-        self._epoch_start += record.step - step
-        self._steps = self._logged = step = record.step
+        self._logged = step = record.step
         names, grads = self._names, record.grads
         entry = _entry(step, names, record, self._layers, self._weights)
-        if not self._logs(step, before) & RATIOS:  # not due: taken only by fit's first call
-            entry["update_ratios"] = {}
         if self.noise.estimate is not None:
             entry["noise_scale"] = self.noise.estimate
-        if histograms:
+        if self.histograms_every is not None and step % self.histograms_every == 0:
             entry["histograms"] = {
                 name: np.histogram(g, bins=30)
                 for name, g in zip(names, grads)
@@ -282,25 +275,6 @@ class GradientLogger(AnyKerasCallback):
         """Whether the steps after ``before`` up to ``step`` reach a multiple of ``every`` (None: never)."""
         return every is not None and step // every > before // every
 
-    def _logs(self, step: int, before: int) -> int:
-        """What the steps after ``before`` up to ``step`` log (``NORMS``, ``RATIOS``, ``GRADS``)."""
-        if not self._due(step, before, self.every):
-            return 0
-        grads = self.on_gradients is not None or self._due(step, before, self.histograms_every)
-        return (
-            NORMS
-            | (RATIOS if self._due(step, before, self.update_ratios_every) else 0)
-            | (GRADS if grads else 0)
-        )
-
-    def _gates(self) -> int:
-        """The tap's bits that some steps log and others not (the tap tests those in the step)."""
-        return (
-            (NORMS if self.every > 1 else 0)
-            | (RATIOS if self.update_ratios_every not in (None, 1) else 0)
-            | (GRADS if self.on_gradients is None and self.histograms_every not in (None, 1) else 0)
-        )
-
     def _remove(self) -> None:
         if self._tap is not None:
             self._tap.remove()
@@ -330,22 +304,23 @@ class GradientLogger(AnyKerasCallback):
                 )
 
     def _write(self, entry: Dict[str, Any], names: List[str], grads: List[Optional[np.ndarray]]) -> None:
-        import tensorflow as tf
-
-        Value = tf.compat.v1.Summary.Value
-        scalars = {"gradients/global_norm": entry["global_norm"]}
+        event = self._writer.event(entry["step"])
+        add = event.summary.value.add  # values added in place: a few microseconds each
+        add(tag="gradients/global_norm", simple_value=entry["global_norm"])
         if "noise_scale" in entry:
-            scalars["gradients/noise_scale"] = entry["noise_scale"]
-        scalars.update((f"gradient_norms/{_tag(name)}", n) for name, n in entry["norms"].items())
-        scalars.update((f"update_ratios/{_tag(name)}", r) for name, r in entry["update_ratios"].items())
-        scalars.update((f"layer_gradient_norms/{_tag(name)}", n) for name, n in entry["layer_norms"].items())
-        values = [Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
-        values += [
-            Value(tag=f"gradients/{_tag(name)}", histo=_histogram(g))
-            for name, g in zip(names, grads)
-            if g is not None and name in entry.get("histograms", {})
-        ]
-        self._writer.write(entry["step"], values)
+            add(tag="gradients/noise_scale", simple_value=entry["noise_scale"])
+        for prefix, values in (
+            ("gradient_norms", entry["norms"]),
+            ("update_ratios", entry["update_ratios"]),
+            ("layer_gradient_norms", entry["layer_norms"]),
+        ):
+            for name, value in values.items():
+                add(tag=f"{prefix}/{_tag(name)}", simple_value=value)
+        histograms = entry.get("histograms", {})
+        for name, g in zip(names, grads):
+            if g is not None and name in histograms:
+                add(tag=f"gradients/{_tag(name)}", histo=_histogram(g, *histograms[name]))
+        self._writer.write(event)
 
 
 class NoiseScale:
@@ -452,8 +427,12 @@ class _EventWriter:
         # never ends.
         self.close = weakref.finalize(self, self.records.close)
 
-    def write(self, step: int, values: List[Any]) -> None:
-        self._append(self.protos.Event(step=step, summary=self.protos.Summary(value=values)))
+    def event(self, step: int) -> Any:
+        """An event of ``step``, for its summary's values."""
+        return self.protos.Event(step=step)
+
+    def write(self, event: Any) -> None:
+        self._append(event)
         if time.monotonic() - self.flushed > self.FLUSH_SECONDS:
             self.records.flush()
             self.flushed = time.monotonic()
@@ -463,11 +442,11 @@ class _EventWriter:
         self.records.write(event.SerializeToString())
 
 
-def _histogram(values: np.ndarray) -> Any:
-    """A ``HistogramProto`` of ``values``: 30 buckets, each given by its upper edge."""
+def _histogram(values: np.ndarray, counts: np.ndarray, edges: np.ndarray) -> Any:
+    """A ``HistogramProto`` of ``values``, from numpy's histogram of them: each bucket given by its
+    upper edge."""
     import tensorflow as tf
 
-    counts, edges = np.histogram(values, bins=30)
     flat = values.astype(np.float64).ravel()
     return tf.compat.v1.HistogramProto(
         min=float(flat.min()),

@@ -7,8 +7,8 @@ optimizer's own call on the step's own gradients, so training is bit for bit wha
 Per weight a logged step writes the squared norms of its gradient, of its update and of the weight
 before it (the last two only on the steps its update ratios are taken), with the optimizer's count,
 into one (3, weights + 1) array, read in one go after the step; the gradients themselves only if asked
-for. What a step does not log it does not compute (``_when``: the logger sets ``flags`` before each
-step).
+for. What a step does not log it does not compute: the step tells from the optimizer's count whether
+it is one to log (``_due``), so the host sets nothing between steps.
 
 Eager (tf.keras 2.2+, tf_keras, Keras 3): the train function is made again, traced with the wrapper, and
 dropped after ``fit``. Graph mode (TF 1.x, TF 2 graph mode, standalone Keras): ``fit`` has made its
@@ -17,6 +17,7 @@ takes its place in that same object for the run, which gets its own back after. 
 ``fit`` calls is guarded: a ``fit`` that raises (no ``on_train_end``) leaves nothing behind.
 """
 
+import functools
 import math
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
@@ -27,7 +28,6 @@ import tensorflow as tf
 from .. import _paths
 from .._types import Model
 from ..arguments import name_of
-from ..callbacks import GRADS, NORMS, RATIOS
 from ..detect import Flavour
 from ..errors import InvalidArgumentError, UnsupportedModelError
 from ._distribute import strategy_of
@@ -37,40 +37,45 @@ from .custom_step import optimizers_of
 
 Pairs = List[Tuple[Any, Any]]
 GRAD, MOVED, BEFORE = 0, 1, 2  # the rows of the squared norms: gradient, update, weight before it
+# What a step logs: the norms, the update ratios (the weights held across the update: the update then
+# copies them first), the gradients themselves (copied out).
+NORMS, RATIOS, GRADS = 1, 2, 4
 
 
 class Record:
     """What the last logged step applied, per trainable weight (``model.trainable_weights``' order);
     None where it applied nothing, or for what was not kept. ``step``: the optimizer's count after it
-    (None: no step was logged)."""
+    (None: no step was logged); ``now``: its count after the last step, logged or not."""
 
     def __init__(
         self,
         step: Optional[int],
+        now: Optional[int],
         norms: List[Optional[float]],
         update_ratios: List[Optional[float]],
         grads: List[Optional[np.ndarray]],
     ):
-        self.step, self.norms, self.update_ratios, self.grads = step, norms, update_ratios, grads
+        self.step, self.now = step, now
+        self.norms, self.update_ratios, self.grads = norms, update_ratios, grads
 
 
 class Tap:
     """Installed on a model for one ``fit``: ``install`` as ``fit`` starts, ``read`` after a step,
-    ``remove`` when ``fit`` ends. ``ratios``: also how far the update moved each weight; ``keep``: also
-    the gradients themselves, not only their norms; ``accumulate``: also their running sum and the
-    running sum of their squared norms (float64), every step; ``gates``: the bits of what is logged
-    (``NORMS``, ``RATIOS``, ``GRADS``) that only some steps do, as ``log_next`` sets them (the others:
-    every step)."""
+    ``remove`` when ``fit`` ends. The steps logged are those whose count (the optimizer's, after the
+    step) is a multiple of ``every``; of those, the multiples of ``ratios_every`` also take how far
+    the update moved each weight, the multiples of ``grads_every`` also keep the gradients themselves
+    (None: never). ``accumulate``: also the running sum of the gradients and of their squared norms
+    (float64), every step."""
 
     def __init__(
         self,
         model: Model,
         flavour: Flavour,
         clip: bool,
-        ratios: bool,
-        keep: bool,
+        every: int,
+        ratios_every: Optional[int],
+        grads_every: Optional[int],
         accumulate: bool = False,
-        gates: int = 0,
     ):
         self.strategy = strategy_of(model)
         self.steps_class: Type[Steps] = Keras3Steps if flavour.name == "keras3" else Keras2Steps
@@ -101,28 +106,30 @@ class Tap:
         # Each replica's step is a batch of 1 / replicas of the one fit trains on.
         self.replicas = 1 if self.strategy is None else self.strategy.num_replicas_in_sync
         self.model_ref = weakref.ref(model)
-        self.clip, self.ratios, self.keep = clip, ratios, keep
-        self.accumulate, self.graph, self.gates = accumulate, flavour.graph, gates
+        self.clip, self.accumulate, self.graph = clip, accumulate, flavour.graph
+        self.ratios, self.keep = ratios_every is not None, grads_every is not None
+        # Every how many steps each bit is logged, for the bits some steps log and others not.
+        cadences = {NORMS: every, RATIOS: _lcm(every, ratios_every), GRADS: _lcm(every, grads_every)}
+        self.cadences = {bit: cadence for bit, cadence in cadences.items() if cadence not in (None, 1)}
         self.backend = _paths.load(flavour.root, "backend")
         self.patched: List[Tuple[Any, str]] = []  # (optimizer, the method wrapped)
         # graph mode: (the K.function fit calls, its own state and class)
         self.replaced: Optional[Tuple[Any, Dict[str, Any], type]] = None
         self.pending = False  # the train function ran a step the logger has not heard of
+        self.writes: List[Any] = []  # graph mode: the ops writing ``squares``
+        self.fetched: Optional[np.ndarray] = None  # graph mode: ``squares`` as the last call wrote it
         self.written_in_call = False  # run eagerly (nothing traced): a step's first write is done
         # graph mode: (optimizer, its slots as fit made them, (fit's, the tapped step's) pairs)
         self.slots: List[Tuple[Any, List[Any], Pairs]] = []
         self.index: Dict[int, int] = {}  # id(weight) -> its column
         # (3, weights + 1), float64: -1 where the last logged step wrote nothing; the last column: the
-        # optimizer's count after that step, then 1 if it kept the gradients
+        # optimizer's count after that step, 1 if it kept the gradients, the count after the last step
         self.squares: Any = None
         self.grads: Dict[int, Any] = {}  # id(weight) -> its last gradient (``keep``)
         self.sums: Dict[int, Any] = {}  # id(weight) -> the sum of its gradients so far (``accumulate``)
         self.sum_of_squares: Any = None  # (``accumulate``) of every gradient's squared norm so far, steps
         # the step graphs that clear ``squares``, each with the replicas traced into it that do
         self.cleared: weakref.WeakKeyDictionary[Any, Set[int]] = weakref.WeakKeyDictionary()
-        self.flags: Any = None  # (``gates``) what the next step logs: an int32 variable
-        self.flags_next: Optional[int] = None  # its value, as last set
-        self.set_flags: Tuple[Any, Any] = (None, None)  # graph mode: a placeholder, the op assigning it
 
     def install(self) -> None:
         model = self.model_ref()
@@ -136,8 +143,7 @@ class Tap:
             model._make_train_function()
         self.squares = None  # made by the first step traced: a model may build its weights there
         self.cleared = weakref.WeakKeyDictionary()
-        if self.gates and self.flags is None:
-            self._make_flags()
+        self.writes = []
         for steps in every:
             self._patch(steps)
         fits = model.train_function
@@ -147,18 +153,38 @@ class Tap:
             model.train_function = self._guarded(model.train_function)
             return
         slots = [(optimizer, list(optimizer.weights)) for optimizer in optimizers_of(model)]
+        # Keras' session first initializes what fit would (the optimizer's count): standalone Keras makes
+        # its slots in the tapped step, after the count is read, their initial values too.
+        session = self.backend.get_session()
         model._make_train_function()
         tapped = model.train_function
         self._carry_slots(slots)
-        session = self.backend.get_session()
-        created = [self.squares, self.flags, *self.grads.values(), *self.sums.values(), self.sum_of_squares]
+        created = [self.squares, *self.grads.values(), *self.sums.values(), self.sum_of_squares]
         made = [v for v in created if v is not None and not _initialized(session, v)]
         session.run(tf.compat.v1.variables_initializer(made))
+        self._fetch_with_the_step(tapped)
+        if self.keep:  # read once now: the session makes the executor of this read now, not in a step
+            self.values(self._kept_of(list(model.trainable_weights)))
         # fit holds this one: it runs the tapped graph until remove
         self.replaced = (fits, dict(vars(fits)), type(fits))
         vars(fits).update(vars(tapped))
         fits.__class__ = self._guarded_class(type(fits))
         model.train_function = fits
+
+    def _fetch_with_the_step(self, function: Any) -> None:
+        """Graph mode: ``squares`` as the step wrote it, fetched by the step's own session run where
+        the ``K.function`` takes fetches of others (tf.keras', Keras 2.3's; not Keras 2.2's): else
+        ``read`` runs the session once more, a few hundred microseconds a step."""
+        if self.squares is None or not hasattr(function, "fetch_callbacks"):
+            return
+        with self.backend.get_session().graph.as_default(), tf.control_dependencies(self.writes):
+            written = tf.identity(self.squares)
+
+        def fetched(value: np.ndarray) -> None:
+            self.fetched = value
+
+        function.fetches.append(written)
+        function.fetch_callbacks[written] = fetched
 
     def _carry_slots(self, slots: List[Tuple[Any, List[Any]]]) -> None:
         """Standalone Keras' ``get_updates`` makes its optimizer's slots (momenta, ...) anew each time
@@ -232,7 +258,7 @@ class Tap:
         return type(cls.__name__, (cls,), {"__call__": __call__, "compatgrad_tap": self})
 
     def _call(self, function: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        self.pending, self.written_in_call = True, False
+        self.pending, self.written_in_call, self.fetched = True, False, None
         try:
             return function(*args, **kwargs)
         except (StopIteration, tf.errors.OutOfRangeError):  # the data ran out: fit goes on
@@ -242,29 +268,22 @@ class Tap:
             self.remove()
             raise
 
-    def log_next(self, flags: int) -> None:
-        """What the next step is to log (bits: ``NORMS``, ``RATIOS``, ``GRADS``; set only where some
-        steps differ, and only when it changes)."""
-        if not self.gates or flags == self.flags_next:
-            return
-        if self.graph:
-            value, assign = self.set_flags
-            self.backend.get_session().run(assign, {value: flags})
-        else:
-            self.flags.assign(flags)
-        self.flags_next = flags
-
     def read(self, weights: List[Any], with_grads: bool) -> Record:
         """What the last logged step wrote; ``with_grads``: the gradients too (if kept)."""
         if self.squares is None:  # no step has run
-            return Record(None, [None] * len(weights), [None] * len(weights), [None] * len(weights))
+            return Record(None, None, [None] * len(weights), [None] * len(weights), [None] * len(weights))
         grads = [self.grads.get(id(w)) for w in weights] if with_grads and self.keep else []
-        values = self._own_values([self.squares] + [g for g in grads if g is not None])
-        grad, moved, before = values[0].tolist()  # a few numbers each: faster as Python's
+        kept_grads = self._kept_of(weights) if grads else []
+        if self.fetched is None:
+            squares, *kept_values = self._own_values([self.squares] + kept_grads)
+        else:  # fetched by the step's own session run
+            squares, kept_values = self.fetched, self._own_values(kept_grads) if kept_grads else []
+        grad, moved, before = squares.tolist()  # a few numbers each: faster as Python's
         step = int(grad[-1]) if grad[-1] >= 0 else None
+        now = int(before[-1]) if before[-1] >= 0 else None
         if moved[-1] < 0:  # that step kept no gradients: those kept are an earlier step's
             grads = []
-        arrays = iter(values[1:])
+        arrays = iter(kept_values)
         norms: List[Optional[float]] = []
         ratios: List[Optional[float]] = []
         kept: List[Optional[np.ndarray]] = []
@@ -275,7 +294,7 @@ class Tap:
             norms.append(math.sqrt(grad[column]) if written else None)
             ratios.append(_ratio(moved[column], before[column]) if written and moved[column] >= 0 else None)
             kept.append(array if written else None)
-        return Record(step, norms, ratios, kept)
+        return Record(step, now, norms, ratios, kept)
 
     def sums_so_far(self, weights: List[Any]) -> Tuple[float, int, List[Optional[np.ndarray]]]:
         """(The sum of every applied gradient's squared norm, the steps summed, per weight the sum of
@@ -293,6 +312,10 @@ class Tap:
         if self.graph:
             return list(self.backend.get_session().run(variables))
         return [np.asarray(v.numpy()) for v in variables]
+
+    def _kept_of(self, weights: List[Any]) -> List[Any]:
+        """The variables the gradients of ``weights`` are kept in, where kept."""
+        return [self.grads[id(w)] for w in weights if id(w) in self.grads]
 
     def _own_values(self, variables: List[Any], every_replica: bool = False) -> List[Any]:
         """The values of the tap's own ``tf.Variable``s: eagerly, one op each (``numpy()`` costs three
@@ -328,13 +351,14 @@ class Tap:
             # Under a strategy the noise scale takes each replica's own (unscaled, unclipped) gradient.
             own = steps.unscale_in_apply([g for g, _ in pairs]) if self.strategy is not None else applied
             summed = self._accumulate(pairs, own, first)
-            before = self._before(pairs)
+            due = self._due(steps.inner)
+            before = self._before(pairs, due)
 
             def after(result: Any) -> Any:
-                written = self._write(pairs, applied, before, [result], first, steps.inner)
+                written = self._write(pairs, applied, before, [result], first, steps.inner, due)
                 return tf.group(result, written, *summed) if self.graph else result
 
-            return (before or []), after
+            return (before or []) + list(due.values()), after
 
         return record
 
@@ -349,10 +373,11 @@ class Tap:
                 raw[:] = gradients(loss, variables)
                 return raw
 
-            before = self._before([(None, v) for v in params])
+            due = self._due(steps.inner)
+            before = self._before([(None, v) for v in params], due)
             self.backend.gradients = kept  # type: ignore[attr-defined]  # get_gradients' call, before it clips
             try:
-                with tf.control_dependencies(before or []):  # the reads come first
+                with tf.control_dependencies((before or []) + list(due.values())):  # the reads come first
                     updates = get_updates(loss, params)
             finally:
                 self.backend.gradients = gradients  # type: ignore[attr-defined]
@@ -362,7 +387,7 @@ class Tap:
             # Clipped again as get_gradients does (clip=False: not at all), from its raw gradients.
             clipped = steps.clip(pairs) if self.clip and steps.clips else [g for g, _ in pairs]
             first = self._first_in_step(pairs)
-            written = self._write(pairs, clipped, before, updates, first, steps.inner)
+            written = self._write(pairs, clipped, before, updates, first, steps.inner, due)
             return list(updates) + [written] + self._accumulate(pairs, clipped, first)
 
         return tapped
@@ -379,7 +404,7 @@ class Tap:
             self._sum_of_squares().assign_add(counted)
         ]
 
-    def _before(self, pairs: Pairs) -> Optional[List[Any]]:
+    def _before(self, pairs: Pairs, due: Dict[int, Any]) -> Optional[List[Any]]:
         """The weights as they are before the update, on a step that takes its update ratios (the
         update runs after these reads), or None: no update ratios, or a weight is a RefVariable (TF 1.x
         reads one of those through a snapshot that the update overwrites in place, so how far it moved
@@ -388,7 +413,8 @@ class Tap:
         if not self.ratios or not variables or any(type(v).__name__ == "RefVariable" for v in variables):
             return None
         return self._when(
-            NORMS | RATIOS,
+            due,
+            RATIOS,
             lambda: [tf.identity(v) for v in variables],
             # On the other steps, of the same shape (XLA wants both branches alike) but not the weight,
             # which held across the update would make the update copy it: its gradient where that is
@@ -404,20 +430,29 @@ class Tap:
         updates: List[Any],
         first: bool,
         counter: Any,
+        due: Dict[int, Any],
     ) -> Any:
-        """On a step to be logged, after ``updates``: every weight's squared norms into ``squares`` in
-        one write (its gradient's; how far the update moved it and its norm before, on a step that
-        takes the update ratios) with ``counter``'s count (the optimizer that applies, inside a
-        loss-scale one), and the gradients themselves where kept (on a step that keeps them, which
-        the array says). ``first`` (the step's first optimizer): -1 everywhere before, so what no
-        optimizer of the step writes reads as nothing."""
+        """After ``updates``, ``counter``'s count (the optimizer that applies, inside a loss-scale one)
+        into ``squares``; on a step to be logged, with it every weight's squared norms, in one write
+        (its gradient's; how far the update moved it and its norm before, on a step that takes the
+        update ratios), and the gradients themselves where kept (on a step that keeps them, which the
+        array says). ``first`` (the step's first optimizer): a logged step writes -1 everywhere before,
+        so what no optimizer of the step writes reads as nothing; a step not logged leaves the last
+        logged one's as they were (with several steps an execution, the host reads after the last)."""
         squares = self._squares()
         kept = [(self._kept(v), g) for (_, v), g in zip(pairs, applied)] if self.keep else []
         present = [(i, self.index[id(v)]) for i, (_, v) in enumerate(pairs) if id(v) in self.index]
         if not present:
             return tf.no_op()
+        # The column of the counts; ``count``, ``due_after``: made below, after the update.
+        last = len(self.index)
 
-        def write() -> Any:
+        def write(cells: List[Tuple[int, int]], values: List[Any], base: Any) -> Any:
+            # One write of the whole array (a replica's copy under a strategy has no scatter of its own).
+            written = tf.tensor_scatter_nd_update(base, tf.constant(cells), tf.concat(values, 0))
+            return tf.group(squares.assign(written))
+
+        def logged() -> Any:
             grads = _dense(applied)  # here: the steps not logged make no embedding's gradient dense
             columns = [column for _, column in present]
             cells, values = [(GRAD, c) for c in columns], [_squares_of([grads[i] for i, _ in present])]
@@ -429,23 +464,33 @@ class Tap:
                     return _squares_of(moved + weights)
 
                 cells += [(MOVED, c) for c in columns] + [(BEFORE, c) for c in columns]
-                values.append(self._when(RATIOS, moved_and_before, lambda: _unwritten(2 * len(present))))
+                unwritten = functools.partial(_unwritten, 2 * len(present))
+                values.append(self._when(due_after, RATIOS, moved_and_before, unwritten))
 
             def keep_grads() -> Any:  # copied, and a 1 to say so
                 with tf.control_dependencies([v.assign(tf.cast(g, v.dtype)) for v, g in kept]):
                     return tf.ones([1], tf.float64)
 
-            kept_now = self._when(GRADS, keep_grads, lambda: _unwritten(1)) if kept else _unwritten(1)
-            count = tf.cast(tf.convert_to_tensor(counter.iterations), tf.float64)
-            cells += [(GRAD, len(self.index)), (MOVED, len(self.index))]
-            values += [[count], kept_now]
-            # One write of the whole array (a replica's copy under a strategy has no scatter of its own).
+            kept_now = _unwritten(1)
+            if kept:
+                kept_now = self._when(due_after, GRADS, keep_grads, lambda: _unwritten(1))
+            cells += [(GRAD, last), (MOVED, last), (BEFORE, last)]
+            values += [[count], kept_now, [count]]
             base = -tf.ones(squares.shape, tf.float64) if first else tf.convert_to_tensor(squares)
-            written = tf.tensor_scatter_nd_update(base, tf.constant(cells), tf.concat(values, 0))
-            return tf.group(squares.assign(written))
+            return write(cells, values, base)
+
+        def not_logged() -> Any:
+            return write([(BEFORE, last)], [[count]], tf.convert_to_tensor(squares))
 
         with tf.control_dependencies(updates if self.graph else []):  # reads how far the update moved
-            return self._when(NORMS, write, tf.no_op)
+            count = tf.cast(tf.convert_to_tensor(counter.iterations), tf.float64)
+            # The conditions again, after the update: graph mode's lowered tf.cond starts a branch's
+            # reads once its condition is known (the variables' reads too, without these).
+            due_after = {bit: tf.identity(condition) for bit, condition in due.items()}
+            written = self._when(due_after, NORMS, logged, not_logged)
+        if self.graph:
+            self.writes.append(written)
+        return written
 
     def _first_in_step(self, pairs: Pairs) -> bool:
         """Whether this optimizer call, writing some of the weights, is the first such of the step
@@ -465,25 +510,23 @@ class Tap:
         traced.add(replica)
         return first
 
-    def _when(self, logs: int, logged: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
-        """``logged()`` on a step that logs all of ``logs`` (bits of ``flags``), else ``otherwise()``: a
-        ``tf.cond`` on ``flags``, which the logger sets before each step; none where every step does."""
-        gated = logs & self.gates
-        if not gated:
-            return logged()
-        due = tf.equal(tf.bitwise.bitwise_and(tf.identity(self.flags), gated), gated)
-        return tf.compat.v1.cond(due, logged, otherwise, strict=True)
+    def _due(self, counter: Any) -> Dict[int, Any]:
+        """Per bit that only some steps log (``cadences``), whether the step being made logs it: its
+        count, ``counter``'s after the update, a multiple of the bit's cadence. Read before the update
+        (what must come first waits for these)."""
+        if not self.cadences:
+            return {}
+        step = tf.cast(tf.convert_to_tensor(counter.iterations), tf.int64) + 1
+        return {bit: tf.equal(step % cadence, 0) for bit, cadence in self.cadences.items()}
 
-    def _make_flags(self) -> None:
-        self.flags_next = NORMS | RATIOS | GRADS
-        if not self.graph:
-            with tf.init_scope():
-                self.flags = tf.Variable(self.flags_next, trainable=False, dtype=tf.int32)
-            return
-        with self.backend.get_session().graph.as_default():
-            self.flags = tf.Variable(self.flags_next, trainable=False, dtype=tf.int32)
-            value = tf.compat.v1.placeholder(tf.int32, [])
-            self.set_flags = (value, self.flags.assign(value))
+    def _when(
+        self, due: Dict[int, Any], bit: int, logged: Callable[[], Any], otherwise: Callable[[], Any]
+    ) -> Any:
+        """``logged()`` on a step that logs ``bit``, else ``otherwise()``: a ``tf.cond`` on ``due``
+        (``_due``); none where every step logs it."""
+        if bit not in due:
+            return logged()
+        return tf.compat.v1.cond(due[bit], logged, otherwise, strict=True)
 
     def _squares(self) -> Any:
         """The (3, weights + 1) array, made when the first step is traced (or built), when the model's
@@ -550,6 +593,11 @@ def _alike(grad: Any, variable: Any) -> Any:
     if isinstance(grad, tf.Tensor) and grad.dtype == dtype and grad.shape == variable.shape:
         return grad
     return tf.zeros(variable.shape, dtype)
+
+
+def _lcm(every: int, other: Optional[int]) -> Optional[int]:
+    """Every how many steps a step is a multiple of both (None: never)."""
+    return None if other is None else every * other // math.gcd(every, other)
 
 
 def _initialized(session: Any, variable: Any) -> bool:

@@ -121,7 +121,7 @@ def test_clip_false_logs_the_gradients_before_clipping(rng):
 @kit.UPDATES_READ_IN_THE_STEP.needed
 @pytest.mark.parametrize("every", [1, 2])
 def test_update_ratios_are_how_far_each_step_moved_the_weights(rng, every):
-    """Every step, or every other (the steps between take none: a switch the logger sets)."""
+    """Every step, or every other (the steps between take none: the step tells from its count)."""
     model, twin = twins(lambda: kit.sgd(learning_rate=0.1, momentum=0.9))
     x, y = data(rng)
     logger = GradientLogger(update_ratios_every=every)
@@ -259,7 +259,7 @@ def test_tensorboard_reads_back_the_scalars_and_histograms(rng, tmp_path):
 
 @kit.RACE_FREE_STEP.needed  # compared with a twin's train_on_batch
 def test_histograms_are_of_what_their_steps_apply(rng):
-    """Every other step: the gradients are copied out on those steps only (a switch the logger sets)."""
+    """Every other step: the gradients are copied out on those steps only (the step tells from its count)."""
     model, twin = twins(kit.sgd)
     x, y = data(rng)
     logger = GradientLogger(histograms_every=2)

@@ -12,6 +12,13 @@ each ``fit``), timed by a callback; a round's ratio is with / without, a process
 rounds, the figure the median over processes. Targets (issue 19): norms every step <= 1.05,
 histograms every 100 steps (and all of it written to TensorBoard) <= 1.10. COMPATGRAD_KERAS picks
 the flavour as in the tests.
+
+Eagerly, a second row a workload ("step and hook, paired") times what a logger adds to a step without
+``fit`` around it: Keras' own train function and the tapped one followed by the logger's batch hook,
+called in turn on one iterator (``--paired-steps`` pairs a logger), the median over pairs of their
+difference over the median of Keras' own step. A fit with a logger traces its step again, and each
+trace runs at a speed of its own (some 10% apart on a 2-core VM); paired calls share theirs. Keras'
+fit loop is left out of both, so this ratio is the higher of the two for the same cost.
 """
 
 import argparse
@@ -20,7 +27,7 @@ import json
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -56,9 +63,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--mode", choices=("eager", "graph"))
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per mode")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per process")
+    parser.add_argument("--paired-steps", type=int, default=1000, help="pairs a logger (eager)")
     args = parser.parse_args(argv)
     if args.mode:
-        return run_mode(args.mode, args.rounds)
+        return run_mode(args.mode, args.rounds, args.paired_steps)
     failed = 0
     for mode in ("eager", "graph"):
         returncode, per_process = in_processes("benchmarks.callback", mode, args, RATIOS)
@@ -68,7 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     return failed
 
 
-def run_mode(mode: str, rounds: int) -> int:
+def run_mode(mode: str, rounds: int, paired_steps: int) -> int:
     tf, keras = load(mode)
     keras3 = keras.Model.__module__.endswith(".models.model")
     print(
@@ -118,8 +126,50 @@ def run_mode(mode: str, rounds: int) -> int:
         print(
             f"{workload.name:<28} ms per epoch: {epoch}; " + ", ".join(f"{k} {v:.3f}" for k, v in row.items())
         )
+        if mode == "eager":
+            loggers = {name: make for name, make in variants.items() if name != "without"}
+            pairs = paired(tf, workload, loggers, paired_steps)
+            figures[f"{workload.name}, step and hook, paired"] = pairs
+            print(f"{workload.name:<28} paired: " + ", ".join(f"{k} {v:.3f}" for k, v in pairs.items()))
     print(RATIOS + json.dumps(figures))
     return 0
+
+
+def paired(
+    tf: Any, workload: Any, loggers: Dict[str, Callable[[], List[Any]]], steps: int
+) -> Dict[str, float]:
+    """Per logger: Keras' own train function and the tapped one with the logger's batch hook, called in
+    turn ``steps`` times on one iterator; the median over pairs of (tapped and hook - own) over the
+    median own step, plus 1."""
+    model = workload.model
+    iterator = iter(tf.data.Dataset.from_tensors((workload.x, workload.y)).repeat())
+    ratios: Dict[str, float] = {}
+    for name, make in loggers.items():
+        model.train_function = None
+        model.make_train_function()
+        own = model.train_function
+        (logger,) = make()
+        logger.set_model(model)  # as fit starts: the tapped train function in place of Keras' own
+        logger.on_train_begin()
+        tapped = model.train_function
+        own_seconds, differences = [], []
+        for step in range(steps + 50):  # the first 50: the tapped step traced, both warm
+            start = time.perf_counter()
+            own(iterator)
+            middle = time.perf_counter()
+            tapped(iterator)
+            logger.on_train_batch_end(step)
+            end = time.perf_counter()
+            if step == 50:
+                gc.collect()
+                gc.disable()
+            if step >= 50:
+                own_seconds.append(middle - start)
+                differences.append((end - middle) - (middle - start))
+        gc.enable()
+        logger.on_train_end()
+        ratios[name] = 1.0 + float(np.median(differences) / np.median(own_seconds))
+    return ratios
 
 
 if __name__ == "__main__":

@@ -159,13 +159,28 @@ def test_training_is_bit_identical(rng, clipping):
         assert np.array_equal(a, b)
 
 
+class LogKeys(AnyKerasCallback):
+    """The keys of the logs Keras hands the callbacks after each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen |= set(logs or {})
+
+
 def test_every_and_the_model_after_fit(rng):
     model = classifier(kit.sgd(learning_rate=0.1, momentum=0.9))
     x, y = data(rng)
-    logger = GradientLogger(every=2)
-    fit(model, x, y, logger)
+    logger, keys = GradientLogger(every=2), LogKeys()
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[logger, keys])
 
     assert [entry["step"] for entry in logger.history] == list(range(2, 2 * STEPS + 1, 2))
+    # What the tapped step hands the logger stays out of the logs of fit, and of its callbacks.
+    assert "loss" in keys.seen and "loss" in history.history
+    assert not [key for key in keys.seen | set(history.history) if "compatgrad" in key]
+    assert "train_step" not in vars(model)
     assert not {"apply", "apply_gradients", "get_updates"} & set(vars(model.optimizer))  # unwrapped
     before = kit.values(model.trainable_weights)
     model.train_on_batch(x[:BATCH], y[:BATCH])  # trains as before, nothing logged outside fit
@@ -473,6 +488,7 @@ def test_a_fit_that_raises_leaves_the_model_as_it_was(rng, where):
     fit(twin, x, y)
 
     assert not {"apply", "apply_gradients", "get_updates"} & set(vars(model.optimizer))
+    assert "train_step" not in vars(model)
     assert getattr(model.train_function, "compatgrad_tap", None) is None
     assert not hasattr(type(model.train_function), "compatgrad_tap")
     if kit.RACE_FREE_STEP.missing:  # the twins' steps vary from run to run

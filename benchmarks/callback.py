@@ -16,9 +16,10 @@ the flavour as in the tests.
 Eagerly, a second row a workload ("step and hook, paired") times what a logger adds to a step without
 ``fit`` around it: Keras' own train function and the tapped one followed by the logger's batch hook,
 called in turn on one iterator (``--paired-steps`` pairs a logger), the median over pairs of their
-difference over the median of Keras' own step. A fit with a logger traces its step again, and each
-trace runs at a speed of its own (some 10% apart on a 2-core VM); paired calls share theirs. Keras'
-fit loop is left out of both, so this ratio is the higher of the two for the same cost.
+difference over the median of Keras' own step. Fits vary from one to the next by as much as the
+targets on a 2-core VM (and a fit with a logger traces its step again); calls in turn share their
+conditions. Keras' fit loop is left out of both, so this ratio is the higher of the two for the same
+cost.
 """
 
 import argparse
@@ -69,7 +70,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run_mode(args.mode, args.rounds, args.paired_steps)
     failed = 0
     for mode in ("eager", "graph"):
-        returncode, per_process = in_processes("benchmarks.callback", mode, args, RATIOS)
+        paired_steps = ["--paired-steps", str(args.paired_steps)]
+        returncode, per_process = in_processes("benchmarks.callback", mode, args, RATIOS, paired_steps)
         failed |= returncode
         if per_process:
             print_summary(f"fit with GradientLogger, {mode} mode", TARGETS, per_process)

@@ -23,7 +23,7 @@ import resource
 import subprocess
 import sys
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -58,12 +58,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     return failed | memory()
 
 
-def in_processes(module: str, mode: str, args: Any, marker: str) -> Tuple[int, List[Dict[str, Any]]]:
-    """``module --mode mode --rounds args.rounds`` in ``args.processes`` fresh processes, their output
-    printed: (any return code, each process's figures, from its line starting with ``marker``)."""
+def in_processes(
+    module: str, mode: str, args: Any, marker: str, extra: Sequence[str] = ()
+) -> Tuple[int, List[Dict[str, Any]]]:
+    """``module --mode mode --rounds args.rounds *extra`` in ``args.processes`` fresh processes, their
+    output printed: (any return code, each process's figures, from its line starting with ``marker``)."""
     failed, per_process = 0, []
     for _ in range(args.processes):
-        run = child(["--mode", mode, "--rounds", str(args.rounds)], module)
+        run = child(["--mode", mode, "--rounds", str(args.rounds), *extra], module)
         print(run.stdout, end="")
         failed |= run.returncode
         per_process += [

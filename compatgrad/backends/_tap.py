@@ -304,10 +304,8 @@ class Tap:
         if self.fetched is None:
             squares, *kept_values = self._own_values([self.squares] + kept_grads)
         else:  # returned or fetched by the step itself
-            squares, kept_values = (
-                np.asarray(self.fetched),
-                self._own_values(kept_grads) if kept_grads else [],
-            )
+            squares = np.asarray(self.fetched)
+            kept_values = self._own_values(kept_grads) if kept_grads else []
         grad, moved, before = squares.tolist()  # a few numbers each: faster as Python's
         step = int(grad[-1]) if grad[-1] >= 0 else None
         now = int(before[-1]) if before[-1] >= 0 else None

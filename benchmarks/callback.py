@@ -5,13 +5,13 @@
 Without ``--mode`` it runs each mode this TensorFlow has, in ``--processes`` fresh processes. Per
 workload (MLP 784-256-10, batches of 128, 80 a epoch; conv 32x32x3, batches of 64, 40 a epoch), one
 model trains in turns: ``fit`` of 2 epochs without a logger, with a logger tapping every step
-(norms; update ratios every 10 steps, the default), every step with update ratios every step too,
-every 10 steps, and every step writing all of it to TensorBoard with histograms every 100 steps. A fit's
-figure is its second epoch (the first traces the train function: the logger's is traced again at
-each ``fit``), timed by a callback; a round's ratio is with / without, a process's the median over
-rounds, the figure the median over processes. Targets (issue 19): norms every step <= 1.05,
-histograms every 100 steps (and all of it written to TensorBoard) <= 1.10. COMPATGRAD_KERAS picks
-the flavour as in the tests.
+(norms; update ratios every 10 steps, the default), the norms alone every step, every step with
+update ratios every step too, every 10 steps, and every step writing all of it to TensorBoard with
+histograms every 100 steps. A fit's figure is its second epoch (the first traces the train function:
+the logger's is traced again at each ``fit``), timed by a callback; a round's ratio is with / without,
+a process's the median over rounds, the figure the median over processes. Targets (issue 19): norms
+every step <= 1.05, histograms every 100 steps (and all of it written to TensorBoard) <= 1.10.
+COMPATGRAD_KERAS picks the flavour as in the tests.
 
 Eagerly, a second row a workload ("step and hook, paired") times what a logger adds to a step without
 ``fit`` around it: Keras' own train function and the tapped one followed by the logger's batch hook,
@@ -100,6 +100,7 @@ def run_mode(mode: str, rounds: int, paired_steps: int) -> int:
         variants = {
             "without": lambda: [],
             "norms every step": lambda: [GradientLogger()],
+            "no update ratios": lambda: [GradientLogger(update_ratios_every=None)],
             "and update ratios": lambda: [GradientLogger(update_ratios_every=1)],
             "norms every 10": lambda: [GradientLogger(every=10)],
             "histograms every 100": lambda: [GradientLogger(histograms_every=100, log_dir=log_dir)],

@@ -13,13 +13,12 @@ a process's the median over rounds, the figure the median over processes. Target
 every step <= 1.05, histograms every 100 steps (and all of it written to TensorBoard) <= 1.10.
 COMPATGRAD_KERAS picks the flavour as in the tests.
 
-Eagerly, a second row a workload ("step and hook, paired") times what a logger adds to a step without
-``fit`` around it: Keras' own train function and the tapped one followed by the logger's batch hook,
-called in turn on one iterator (``--paired-steps`` pairs a logger), the median over pairs of their
-difference over the median of Keras' own step. Fits vary from one to the next by as much as the
-targets on a 2-core VM (and a fit with a logger traces its step again); calls in turn share their
-conditions. Keras' fit loop is left out of both, so this ratio is the higher of the two for the same
-cost.
+A second row a workload ("step and hook, paired") times what a logger adds to a step without ``fit``
+around it: Keras' own train function and the tapped one followed by the logger's batch hook, called in
+turn on one batch (``--paired-steps`` pairs a logger), the median over pairs of their difference over
+the median of Keras' own step. Fits vary from one to the next by as much as the targets on a 2-core VM
+(and a fit with a logger traces its step again); calls in turn share their conditions. Keras' fit loop
+is left out of both, so this ratio is the higher of the two for the same cost.
 """
 
 import argparse
@@ -64,7 +63,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--mode", choices=("eager", "graph"))
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per mode")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per process")
-    parser.add_argument("--paired-steps", type=int, default=1000, help="pairs a logger (eager)")
+    parser.add_argument("--paired-steps", type=int, default=1000, help="pairs a logger")
     args = parser.parse_args(argv)
     if args.mode:
         return run_mode(args.mode, args.rounds, args.paired_steps)
@@ -129,28 +128,52 @@ def run_mode(mode: str, rounds: int, paired_steps: int) -> int:
         print(
             f"{workload.name:<28} ms per epoch: {epoch}; " + ", ".join(f"{k} {v:.3f}" for k, v in row.items())
         )
-        if mode == "eager":
-            loggers = {name: make for name, make in variants.items() if name != "without"}
-            pairs = paired(tf, workload, loggers, paired_steps)
-            figures[f"{workload.name}, step and hook, paired"] = pairs
-            print(f"{workload.name:<28} paired: " + ", ".join(f"{k} {v:.3f}" for k, v in pairs.items()))
+        loggers = {name: make for name, make in variants.items() if name != "without"}
+        pairs = paired(tf, keras, workload, loggers, paired_steps, graph=mode == "graph")
+        figures[f"{workload.name}, step and hook, paired"] = pairs
+        print(f"{workload.name:<28} paired: " + ", ".join(f"{k} {v:.3f}" for k, v in pairs.items()))
     print(RATIOS + json.dumps(figures))
     return 0
 
 
 def paired(
-    tf: Any, workload: Any, loggers: Dict[str, Callable[[], List[Any]]], steps: int
+    tf: Any,
+    keras: Any,
+    workload: Any,
+    loggers: Dict[str, Callable[[], List[Any]]],
+    steps: int,
+    graph: bool,
 ) -> Dict[str, float]:
     """Per logger: Keras' own train function and the tapped one with the logger's batch hook, called in
-    turn ``steps`` times on one iterator; the median over pairs of (tapped and hook - own) over the
-    median own step, plus 1."""
+    turn ``steps`` times on one batch (eagerly an iterator over it, in graph mode the values ``fit``
+    feeds its ``K.function``); the median over pairs of (tapped and hook - own) over the median own
+    step, plus 1."""
     model = workload.model
-    iterator = iter(tf.data.Dataset.from_tensors((workload.x, workload.y)).repeat())
+    if graph:
+        x, y, sample_weights = model._standardize_user_data(workload.x, workload.y)
+        feed = list(x) + list(y or []) + list(sample_weights or [])
+        if not isinstance(keras.backend.learning_phase(), int):
+            feed.append(True)  # as fit feeds it: the learning phase
+
+        def call(function: Any) -> None:
+            function(feed)
+
+    else:
+        iterator = iter(tf.data.Dataset.from_tensors((workload.x, workload.y)).repeat())
+
+        def call(function: Any) -> None:
+            function(iterator)
+
     ratios: Dict[str, float] = {}
     for name, make in loggers.items():
         model.train_function = None
-        model.make_train_function()
-        own = model.train_function
+        if graph:
+            model._make_train_function()
+            own = model.train_function
+            model.train_function = None  # the logger taps a K.function of its own making in place
+        else:
+            model.make_train_function()
+            own = model.train_function
         (logger,) = make()
         logger.set_model(model)  # as fit starts: the tapped train function in place of Keras' own
         logger.on_train_begin()
@@ -158,9 +181,9 @@ def paired(
         own_seconds, differences = [], []
         for step in range(steps + 50):  # the first 50: the tapped step traced, both warm
             start = time.perf_counter()
-            own(iterator)
+            call(own)
             middle = time.perf_counter()
-            tapped(iterator)
+            call(tapped)
             logger.on_train_batch_end(step)
             end = time.perf_counter()
             if step == 50:

@@ -99,7 +99,7 @@ def run_mode(mode: str, rounds: int, paired_steps: int) -> int:
         variants = {
             "without": lambda: [],
             "norms every step": lambda: [GradientLogger()],
-            "no update ratios": lambda: [GradientLogger(update_ratios_every=None)],
+            "norms alone": lambda: [GradientLogger(update_ratios_every=None)],
             "and update ratios": lambda: [GradientLogger(update_ratios_every=1)],
             "norms every 10": lambda: [GradientLogger(every=10)],
             "histograms every 100": lambda: [GradientLogger(histograms_every=100, log_dir=log_dir)],

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from . import versions
 from .errors import InvalidArgumentError
 
 LOG = logging.getLogger("compatgrad")
@@ -154,6 +155,7 @@ class GradientLogger(AnyKerasCallback):
         self._alerted: set = set()
         self._steps = self._epoch_start = 0  # counted as fit trains
         self._logged: Optional[int] = None  # the step of the last entry, or the count fit started at
+        self._unreported = 0  # the batches an execution runs past the one fit reports (on_train_begin)
 
     # --- Keras' hooks ---------------------------------------------------------------------------------
 
@@ -213,15 +215,23 @@ class GradientLogger(AnyKerasCallback):
         self._steps = self._epoch_start = int(self._tap.values([counter.iterations])[0])
         # A count that has not moved since is no step: one a loss scale skipped (its gradients overflow).
         self._logged = self._steps
+        # The batches an execution runs past the one fit reports after it (Keras 3.3-3.9 report its first).
+        self._unreported = 0
+        if not versions.reports_an_executions_last_batch(self.model):
+            self._unreported = int(getattr(self.model, "steps_per_execution", None) or 1) - 1
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self._epoch_start = self._steps
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
-        """``batch``: the epoch's last batch the call trained on (with ``steps_per_execution``, its last)."""
+        """``batch``: the epoch's batch the call trained on (with ``steps_per_execution``, its last, or in
+        Keras 3.3-3.9 its first)."""
         self._tap.stepped()
         before = self._steps
-        step = self._steps = self._epoch_start + batch + 1
+        last = batch + self._unreported
+        if self.params.get("steps"):  # an epoch's last execution may be cut short
+            last = min(last, self.params["steps"] - 1)
+        step = self._steps = self._epoch_start + last + 1
         if not self._weights:  # a model its first step built
             self._describe(self.model)
         if self.noise.due(step):

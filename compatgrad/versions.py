@@ -22,6 +22,7 @@ The Keras 2 optimizers come in two families, named so: ``OptimizerV2`` (the defa
 TF 2.8-2.10, the default from TF 2.11 and in tf_keras).
 """
 
+import inspect
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, TypeVar
 
 
@@ -398,6 +399,18 @@ def clips_accumulated_mean(optimizer: Any) -> bool:
 def step_counter(optimizer: Any) -> Any:
     """The variable counting a Keras 3 optimizer's steps, applied or accumulated."""
     return optimizer._iterations if hasattr(optimizer, "_iterations") else optimizer.iterations
+
+
+@probe(
+    "the batch `fit` hands `on_train_batch_end` after an execution of several steps (`steps_per_execution`)",
+    {
+        "TF 2.4+, tf_keras, Keras 3.11+": "the execution's last (`end_step`)",
+        "Keras 3.3-3.9": "its first, the one `on_train_batch_begin` had (3.10 not read here)",
+    },
+)
+def reports_an_executions_last_batch(model: Any) -> bool:
+    """Whether the model's ``fit`` hands ``on_train_batch_end`` an execution's last batch (else its first)."""
+    return "end_step" in inspect.unwrap(type(model).fit).__code__.co_varnames
 
 
 # --- Graph mode: sessions and feeds -------------------------------------------------------------------

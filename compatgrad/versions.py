@@ -409,8 +409,10 @@ def step_counter(optimizer: Any) -> Any:
     },
 )
 def reports_an_executions_last_batch(model: Any) -> bool:
-    """Whether the model's ``fit`` hands ``on_train_batch_end`` an execution's last batch (else its first)."""
-    return "end_step" in inspect.unwrap(type(model).fit).__code__.co_varnames
+    """Whether the model's ``fit`` hands ``on_train_batch_end`` an execution's last batch (else its first).
+    Every ``fit`` of the class's MRO is read: a model's own ``fit`` calls Keras'."""
+    fits = [inspect.unwrap(vars(cls)["fit"]) for cls in type(model).__mro__ if "fit" in vars(cls)]
+    return any("end_step" in fit.__code__.co_varnames for fit in fits if hasattr(fit, "__code__"))
 
 
 # --- Graph mode: sessions and feeds -------------------------------------------------------------------

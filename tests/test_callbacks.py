@@ -247,6 +247,26 @@ def test_every_under_xla_run_eagerly_and_several_steps_an_execution(rng, options
             assert kit.parity_difference(collect.grads[step], applied) < TOL, step
 
 
+@pytest.mark.skipif(kit.GRAPH, reason="graph mode's compile takes no steps_per_execution")
+@kit.STEPS_PER_EXECUTION.needed
+@kit.AN_EPOCHS_LAST_EXECUTION_CUT_SHORT.needed
+def test_several_steps_an_execution_under_a_fit_of_the_models_own(rng):
+    """A model class whose own fit calls Keras' is logged as Keras' fit numbers its batches (an
+    execution's last, or in Keras 3.3-3.9 its first)."""
+
+    class OwnFit(keras.Model):
+        def fit(self, *args, **kwargs):
+            return super().fit(*args, **kwargs)
+
+    plain = classifier(kit.sgd())
+    model = OwnFit(plain.inputs, plain.outputs)
+    model.compile(kit.sgd(), "sparse_categorical_crossentropy", steps_per_execution=2)
+    logger = GradientLogger(every=2)
+    fit(model, *data(rng), logger)
+
+    assert [entry["step"] for entry in logger.history] == list(range(2, 2 * STEPS + 1, 2))
+
+
 def test_tensorboard_reads_back_the_scalars_and_histograms(rng, tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 

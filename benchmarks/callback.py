@@ -167,7 +167,10 @@ def paired(
     ratios: Dict[str, float] = {}
     for name, make in loggers.items():
         model.train_function = None
-        model._make_train_function() if graph else model.make_train_function()
+        if graph:
+            model._make_train_function()
+        else:
+            model.make_train_function()
         own = model.train_function
         if graph:
             model.train_function = None  # the logger taps a K.function of its own making in place

@@ -229,7 +229,7 @@ class GradientLogger(AnyKerasCallback):
         self._tap.stepped()
         before = self._steps
         last = batch + self._unreported
-        if self.params.get("steps"):  # an epoch's last execution may be cut short
+        if self._unreported and self.params.get("steps"):  # an epoch's last execution may be cut short
             last = min(last, self.params["steps"] - 1)
         step = self._steps = self._epoch_start + last + 1
         if not self._weights:  # a model its first step built

@@ -11,11 +11,11 @@ cadence (why not every step) on a model larger than the benchmark's.
 """
 
 import argparse
-from types import SimpleNamespace
 
 import numpy as np
 
 from benchmarks.callback import paired
+from benchmarks.speed import Workload
 from compatgrad.callbacks import GradientLogger
 
 
@@ -33,10 +33,13 @@ def main() -> None:
     model = keras.Sequential(layers)
     model.compile(keras.optimizers.SGD(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.RandomState(0)
-    workload = SimpleNamespace(
-        model=model,
-        x=rng.rand(args.batch, args.width).astype("float32"),
-        y=rng.randint(0, 10, args.batch),
+    workload = Workload(
+        f"MLP {args.width}x2, batch {args.batch}",
+        model,
+        rng.rand(args.batch, args.width).astype("float32"),
+        rng.randint(0, 10, args.batch),
+        list(model.trainable_weights),
+        False,
     )
     loggers = {
         "GradientLogger() (update ratios every 10)": lambda: [GradientLogger()],
